@@ -1,0 +1,57 @@
+// cli.h defines: the flags every lesson shares (--device, --seed, --quick, --threads, --help),
+// a small wrapper to add a lesson's own flags, and start_lesson() (threads, device, first line).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>  // defines: c10::Device
+
+namespace course {
+
+/// Flags shared by every lesson. A lesson sets its defaults before Cli::parse().
+struct CommonOptions {
+  std::string device = "auto";  ///< auto|cpu|cuda|cuda:N
+  std::string data_dir;         ///< empty: $GPU_LESSONS_DATA_DIR, then the Debian package's folder
+  std::uint64_t seed = 0;       ///< every random number in a lesson derives from it
+  bool quick = false;           ///< a few seconds of work, for smoke tests
+  int threads = 0;              ///< CPU threads for LibTorch; 0 = all cores
+};
+
+/// Command-line parsing for a lesson (CLI11 underneath, kept out of the lessons' compile time).
+class Cli {
+ public:
+  Cli(const std::string& program, const std::string& description, CommonOptions& options);
+  ~Cli();
+  Cli(const Cli&) = delete;
+  Cli& operator=(const Cli&) = delete;
+
+  /// Adds --data-dir (lessons that read Fashion-MNIST).
+  void add_data_dir();
+  void add_option(const std::string& flag, int& value, const std::string& help, int min, int max);
+  void add_option(const std::string& flag, double& value, const std::string& help, double min,
+                  double max);
+  void add_option(const std::string& flag, std::string& value, const std::string& help,
+                  const std::vector<std::string>& choices);
+  void add_flag(const std::string& flag, bool& value, const std::string& help);
+
+  /// Parses argv. Returns an exit code when the program must stop now (0 after --help,
+  /// 2 after a bad flag, with the reason on stderr), or nothing to go on.
+  std::optional<int> parse(int argc, char** argv);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Applies --threads, resolves --device (UsageError on a bad one) and prints the device line,
+/// always the lesson's first line, plus the reason when a CUDA request fell back to the CPU.
+c10::Device start_lesson(const CommonOptions& options);
+
+/// The number of CPU cores this process may use.
+int available_cores();
+
+}  // namespace course

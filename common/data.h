@@ -1,0 +1,55 @@
+// data.h defines: Fashion-MNIST read straight from its gzipped IDX files (zlib, no unpacked
+// copies), the data folder lookup (flag, then $GPU_LESSONS_DATA_DIR, then the Debian package),
+// the errors that name the fix, and synthetic regression data.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <ATen/core/Tensor.h>  // defines: at::Tensor
+
+#include "common/verdict.h"  // defines: CourseError
+
+namespace course {
+
+/// A missing, truncated or malformed data file; hint() names the package or flag that fixes it.
+class DataError : public CourseError {
+ public:
+  using CourseError::CourseError;
+};
+
+/// Environment variable that points at the Fashion-MNIST folder when --data-dir is not given.
+constexpr const char* kDataDirEnv = "GPU_LESSONS_DATA_DIR";
+
+/// Reads one IDX file (gzipped or plain) into a uint8 tensor shaped by the file's dimensions.
+/// Throws DataError on a missing file, bad magic number, unsupported type, or truncated data.
+at::Tensor read_idx(const std::filesystem::path& file);
+
+/// The folder holding Fashion-MNIST: `flag` if not empty, else $GPU_LESSONS_DATA_DIR, else the
+/// Debian package's folder. Throws DataError when the folder lacks the four files.
+std::filesystem::path find_fashion_mnist(const std::string& flag);
+
+/// One split of Fashion-MNIST.
+struct ImageSet {
+  at::Tensor images;  ///< float32 [N, 28, 28], pixels scaled to [0, 1]
+  at::Tensor labels;  ///< int64 [N], classes 0..9
+};
+
+/// Loads the train (60,000) or test (10,000) split from `folder`.
+ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train);
+
+/// The ten Fashion-MNIST class names, by label.
+const char* fashion_mnist_class(std::int64_t label);
+
+/// y = x·w + b + noise: a regression problem whose true weights are known.
+struct Regression {
+  at::Tensor x;       ///< float32 [n, features]
+  at::Tensor y;       ///< float32 [n, 1]
+  at::Tensor weight;  ///< float32 [features, 1], the true weights
+  double bias = 0;
+};
+Regression make_regression(std::int64_t n, std::int64_t features, double noise,
+                           std::uint64_t seed);
+
+}  // namespace course

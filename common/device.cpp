@@ -1,0 +1,118 @@
+// device.cpp: device choice and description; the CUDA-only parts are behind GPU_LESSONS_WITH_CUDA.
+#include "common/device.h"
+
+#include <cstdio>
+#include <regex>
+
+#include <torch/cuda.h>     // defines: torch::cuda::is_available, device_count, synchronize
+#include <ATen/Parallel.h>  // defines: at::get_num_threads
+
+#ifdef GPU_LESSONS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>  // defines: at::cuda::getDeviceProperties
+#endif
+
+#include "common/verdict.h"  // defines: UsageError
+
+namespace course {
+
+bool cuda_compiled() {
+#ifdef GPU_LESSONS_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+  // 1.13 returns size_t, 2.x c10::DeviceIndex: one cast serves both.
+  return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+}
+
+std::string why_no_cuda() {
+  if (!cuda_compiled()) return "this LibTorch was built without CUDA";
+  return "no CUDA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them)";
+}
+
+DeviceChoice resolve_device(const std::string& spec) {
+  DeviceChoice choice;
+  choice.requested = spec;
+  const int count = cuda_device_count();
+  if (spec == "cpu") return choice;
+  if (spec == "auto" || spec == "cuda") {
+    if (count > 0) {
+      choice.device = c10::Device(c10::kCUDA, 0);
+    } else {
+      choice.fallback = why_no_cuda();
+    }
+    return choice;
+  }
+  static const std::regex kIndexed("cuda:([0-9]{1,3})");
+  std::smatch match;
+  if (std::regex_match(spec, match, kIndexed)) {
+    const int index = std::stoi(match[1]);
+    if (index >= count) {
+      throw UsageError("--device " + spec + ": this machine has " + std::to_string(count) +
+                           " usable CUDA GPU(s) (" + (count ? "cuda:0..cuda:" +
+                           std::to_string(count - 1) : why_no_cuda()) + ")",
+                       "use --device auto (GPU if there is one, else CPU) or --device cpu");
+    }
+    choice.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+    return choice;
+  }
+  throw UsageError("--device '" + spec + "' is not a device this course knows",
+                   "use one of: auto, cpu, cuda, cuda:N (N = GPU index, from 0)");
+}
+
+std::vector<GpuInfo> list_gpus() {
+  std::vector<GpuInfo> gpus;
+#ifdef GPU_LESSONS_WITH_CUDA
+  for (int i = 0; i < cuda_device_count(); ++i) {
+    const auto* prop = at::cuda::getDeviceProperties(i);
+    GpuInfo info;
+    info.index = i;
+    info.name = prop->name;
+    info.major = prop->major;
+    info.minor = prop->minor;
+    info.total_bytes = static_cast<std::int64_t>(prop->totalGlobalMem);
+    info.multiprocessors = prop->multiProcessorCount;
+    gpus.push_back(info);
+  }
+#endif
+  return gpus;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double value = bytes < 0 ? -bytes : bytes;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[48];
+  std::snprintf(text, sizeof text, unit ? "%s%.1f %s" : "%s%.0f %s", bytes < 0 ? "-" : "", value,
+                units[unit]);
+  return text;
+}
+
+std::string describe(const c10::Device& device) {
+  if (device.is_cpu()) {
+    return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
+  }
+  if (device.is_cuda()) {
+    for (const auto& gpu : list_gpus()) {
+      if (gpu.index == device.index()) {
+        return device.str() + " (" + gpu.name + ", sm_" + std::to_string(gpu.major) +
+               std::to_string(gpu.minor) + ", " + format_bytes(static_cast<double>(gpu.total_bytes)) +
+               ")";
+      }
+    }
+  }
+  return device.str();
+}
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+}  // namespace course

@@ -1,0 +1,170 @@
+// memory.cpp: memory statistics. The CUDA caching allocator's API is used only in CUDA builds.
+#include "common/memory.h"
+
+#include <atomic>
+#include <cstring>
+
+#include <c10/core/CPUAllocator.h>  // defines: c10::GetCPUAllocator, c10::SetCPUAllocator
+#include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
+
+#ifdef GPU_LESSONS_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
+#include <c10/cuda/CUDAGuard.h>             // defines: c10::cuda::CUDAGuard
+#include <cuda_runtime_api.h>               // defines: cudaMemGetInfo
+#endif
+
+#include "common/device.h"
+
+namespace course {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The counting CPU allocator
+
+struct CpuCounters {
+  std::atomic<std::int64_t> allocated{0};
+  std::atomic<std::int64_t> peak{0};
+  std::atomic<std::int64_t> allocations{0};
+  std::atomic<std::int64_t> budget{0};
+};
+
+// Never destroyed: tensors may be freed by other static destructors at exit.
+CpuCounters& counters() {
+  static auto* instance = new CpuCounters;
+  return *instance;
+}
+
+// What the deleter needs: the wrapped allocation and its size.
+struct Counted {
+  c10::DataPtr inner;
+  std::int64_t bytes;
+};
+
+void release_counted(void* context) {
+  auto* counted = static_cast<Counted*>(context);
+  counters().allocated.fetch_sub(counted->bytes);
+  delete counted;  // frees the wrapped allocation through its own deleter
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  // LibTorch 1.13 declares allocate() const; 2.x declares it non-const and adds a pure virtual
+  // copy_data(). Defining both overloads and copy_data() fits either interface.
+  c10::DataPtr allocate(size_t bytes) const { return counted_allocate(bytes); }
+  c10::DataPtr allocate(size_t bytes) { return counted_allocate(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+
+ private:
+  c10::DataPtr counted_allocate(size_t bytes) const {
+    auto& c = counters();
+    const auto size = static_cast<std::int64_t>(bytes);
+    const std::int64_t now = c.allocated.fetch_add(size) + size;
+    const std::int64_t budget = c.budget.load();
+    if (budget > 0 && now > budget) {
+      c.allocated.fetch_sub(size);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: tried to allocate ",
+                       format_bytes(static_cast<double>(size)), " with ",
+                       format_bytes(static_cast<double>(now - size)), " in use and a budget of ",
+                       format_bytes(static_cast<double>(budget)));
+    }
+    std::int64_t peak = c.peak.load();
+    while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+    }
+    c.allocations.fetch_add(1);
+    c10::DataPtr inner = inner_->allocate(bytes);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* context = new Counted{std::move(inner), size};
+    return c10::DataPtr(data, context, &release_counted, device);
+  }
+
+  c10::Allocator* inner_;
+};
+
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+void install_counting_cpu_allocator() {
+  if (g_installed.exchange(true)) return;
+  // Lives forever, as LibTorch requires of registered allocators.
+  static auto* allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(allocator, /*priority=*/100);
+}
+
+void set_cpu_memory_budget(std::int64_t bytes) { counters().budget.store(bytes); }
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+MemoryStats memory_stats(const c10::Device& device) {
+  MemoryStats stats;
+  if (device.is_cpu()) {
+    const auto& c = counters();
+    stats.allocated = stats.reserved = c.allocated.load();
+    stats.peak_allocated = stats.peak_reserved = c.peak.load();
+    stats.allocations = c.allocations.load();
+  }
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) {
+    // Index 0 of each StatArray is the aggregate over small and large pools.
+    const auto cuda = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    stats.allocated = cuda.allocated_bytes[0].current;
+    stats.peak_allocated = cuda.allocated_bytes[0].peak;
+    stats.reserved = cuda.reserved_bytes[0].current;
+    stats.peak_reserved = cuda.reserved_bytes[0].peak;
+    stats.allocations = cuda.allocation[0].allocated;
+  }
+#endif
+  return stats;
+}
+
+void reset_peak_memory(const c10::Device& device) {
+  if (device.is_cpu()) {
+    auto& c = counters();
+    c.peak.store(c.allocated.load());
+    c.allocations.store(0);
+  }
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());
+  }
+#endif
+}
+
+void empty_cache(const c10::Device& device) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  (void)device;
+}
+
+DeviceMemory device_memory(const c10::Device& device) {
+  DeviceMemory memory;
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device.index());
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      memory.free = static_cast<std::int64_t>(free_bytes);
+      memory.total = static_cast<std::int64_t>(total_bytes);
+    }
+  }
+#endif
+  (void)device;
+  return memory;
+}
+
+std::string describe(const MemoryStats& stats) {
+  auto b = [](std::int64_t v) { return format_bytes(static_cast<double>(v)); };
+  return "allocated " + b(stats.allocated) + " (peak " + b(stats.peak_allocated) + "), reserved " +
+         b(stats.reserved) + " (peak " + b(stats.peak_reserved) + "), " +
+         std::to_string(stats.allocations) + " allocations";
+}
+
+}  // namespace course

@@ -1,0 +1,50 @@
+// memory.h defines: one memory report for CPU and CUDA (current/peak allocated and reserved bytes,
+// allocation count), the counting CPU allocator behind the CPU numbers, and an optional CPU
+// memory budget that makes allocations past it throw c10::OutOfMemoryError like a full GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Device.h>  // defines: c10::Device
+
+namespace course {
+
+/// Memory of one device. On CUDA these are the caching allocator's statistics; on the CPU those
+/// of the counting allocator, which sees tensor storage only (not BLAS scratch or the heap).
+struct MemoryStats {
+  std::int64_t allocated = 0;       ///< bytes held by live tensors
+  std::int64_t peak_allocated = 0;  ///< highest `allocated` since the last reset_peak_memory()
+  std::int64_t reserved = 0;        ///< bytes the allocator holds (CUDA: allocated + cache)
+  std::int64_t peak_reserved = 0;
+  std::int64_t allocations = 0;     ///< allocation calls since the last reset_peak_memory()
+};
+
+/// The statistics of `device` (CPU: zeros until install_counting_cpu_allocator()).
+MemoryStats memory_stats(const c10::Device& device);
+
+/// Starts a new peak (and allocation count) from the current usage.
+void reset_peak_memory(const c10::Device& device);
+
+/// Returns cached, unused blocks to the driver (CUDA); nothing to do on the CPU.
+void empty_cache(const c10::Device& device);
+
+/// Free and total memory of a CUDA device as the driver sees it (zeros on the CPU).
+struct DeviceMemory {
+  std::int64_t free = 0;
+  std::int64_t total = 0;
+};
+DeviceMemory device_memory(const c10::Device& device);
+
+/// Wraps LibTorch's CPU allocator with one that counts bytes (idempotent; start_lesson() calls
+/// it). Storage allocated before the call is not counted, before or after.
+void install_counting_cpu_allocator();
+
+/// With a budget > 0, a CPU allocation that would take the counted total past it throws
+/// c10::OutOfMemoryError. 0 removes the budget.
+void set_cpu_memory_budget(std::int64_t bytes);
+
+/// "allocated 1.2 MiB (peak 3.4 MiB), reserved ... , N allocations".
+std::string describe(const MemoryStats& stats);
+
+}  // namespace course

@@ -1,0 +1,37 @@
+// timing.h defines: a stopwatch that synchronizes the device before reading the clock, and the
+// median of several timed runs after warm-up.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include <c10/core/Device.h>  // defines: c10::Device
+
+namespace course {
+
+/// Wall-clock time of work on `device`. CUDA work is queued asynchronously, so seconds()
+/// synchronizes the device first: otherwise it would measure only the kernel launches.
+class Stopwatch {
+ public:
+  explicit Stopwatch(const c10::Device& device);
+  /// Synchronizes, then starts counting from now.
+  void restart();
+  /// Synchronizes, then returns the seconds since construction or restart().
+  double seconds() const;
+
+ private:
+  c10::Device device_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Median, fastest and slowest of `runs` timings of `work`, after `warmup` untimed calls.
+struct Timing {
+  double median_s = 0;
+  double min_s = 0;
+  double max_s = 0;
+  int runs = 0;
+};
+Timing time_median(const std::function<void()>& work, const c10::Device& device, int warmup,
+                   int runs);
+
+}  // namespace course

@@ -1,0 +1,330 @@
+// Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST, memory
+// metering, timing and synthetic data.
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/data.h"
+#include "common/device.h"
+#include "common/memory.h"
+#include "common/timing.h"
+#include "common/verdict.h"
+#include "cuda_test.h"
+
+namespace fs = std::filesystem;
+
+// ---- device choice ---------------------------------------------------------------------------
+
+// Tests that cpu always resolves to the CPU without a fallback note.
+TEST(ResolveDevice, CpuIsCpu) {
+  const auto choice = course::resolve_device("cpu");
+  EXPECT_TRUE(choice.device.is_cpu());
+  EXPECT_TRUE(choice.fallback.empty());
+}
+
+// Tests that auto and cuda pick cuda:0 with a GPU, else the CPU with a stated reason.
+TEST(ResolveDevice, AutoAndCudaFallBackWithReason) {
+  for (const std::string spec : {"auto", "cuda"}) {
+    const auto choice = course::resolve_device(spec);
+    if (course::cuda_device_count() > 0) {
+      EXPECT_EQ(choice.device, c10::Device(c10::kCUDA, 0)) << spec;
+      EXPECT_TRUE(choice.fallback.empty()) << spec;
+    } else {
+      EXPECT_TRUE(choice.device.is_cpu()) << spec;
+      EXPECT_EQ(choice.fallback, course::why_no_cuda()) << spec;
+    }
+  }
+}
+
+// Tests that unknown strings are usage errors naming the accepted forms.
+TEST(ResolveDevice, UnknownStringIsUsageError) {
+  for (const std::string spec : {"banana", "CUDA", "cuda:", "cuda:-1", "cuda:x", "meta", ""}) {
+    try {
+      course::resolve_device(spec);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const course::UsageError& error) {
+      EXPECT_NE(error.hint().find("auto, cpu, cuda, cuda:N"), std::string::npos) << spec;
+    }
+  }
+}
+
+// Tests that a GPU index past the GPU count is a usage error, and one within it is accepted.
+TEST(ResolveDevice, IndexPastCountIsUsageError) {
+  const int count = course::cuda_device_count();
+  EXPECT_THROW(course::resolve_device("cuda:" + std::to_string(count)), course::UsageError);
+  EXPECT_THROW(course::resolve_device("cuda:99"), course::UsageError);
+  if (count > 0) {
+    EXPECT_EQ(course::resolve_device("cuda:" + std::to_string(count - 1)).device.index(), count - 1);
+  }
+}
+
+// Tests the device description names the CPU threads.
+TEST(Describe, CpuNamesThreads) {
+  EXPECT_EQ(course::describe(c10::Device(c10::kCPU)).rfind("cpu (", 0), 0u);
+}
+
+// Tests byte formatting across units.
+TEST(FormatBytes, Units) {
+  EXPECT_EQ(course::format_bytes(512), "512 B");
+  EXPECT_EQ(course::format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(course::format_bytes(3.0 * (1 << 30)), "3.0 GiB");
+  EXPECT_EQ(course::format_bytes(-2048), "-2.0 KiB");
+}
+
+// ---- verdict -----------------------------------------------------------------------------------
+
+// Tests that the verdict's exit code agrees with its checks: pass 0, any failure 1, waived 77.
+TEST(Verdict, ExitCodesAgree) {
+  course::Verdict pass;
+  pass.check(true, "a true claim");
+  EXPECT_EQ(pass.finish("test"), course::kExitPass);
+
+  course::Verdict fail;
+  fail.check(true, "a true claim");
+  fail.check(false, "a false claim");
+  EXPECT_FALSE(fail.passed());
+  EXPECT_EQ(fail.finish("test"), course::kExitFail);
+
+  course::Verdict waived;
+  waived.check(true, "a true claim");
+  waived.waive("needs 2 GPUs");
+  EXPECT_EQ(waived.finish("test"), course::kExitWaived);
+
+  course::Verdict failed_and_waived;
+  failed_and_waived.check(false, "a false claim");
+  failed_and_waived.waive("needs 2 GPUs");
+  EXPECT_EQ(failed_and_waived.finish("test"), course::kExitFail);
+}
+
+// Tests that LibTorch errors lose their backtrace and keep their first line.
+TEST(ErrorMessage, DropsBacktrace) {
+  try {
+    torch::ones({2}) + torch::ones({3});
+    FAIL() << "no error";
+  } catch (const c10::Error& error) {
+    const std::string message = course::error_message(error);
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+    EXPECT_NE(message.find("must match the size"), std::string::npos) << message;
+  }
+}
+
+// ---- IDX files ---------------------------------------------------------------------------------
+
+class IdxTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("gpu_lessons_idx_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // An IDX header for unsigned bytes with the given dimensions.
+  static std::vector<std::uint8_t> header(const std::vector<std::uint32_t>& dims) {
+    std::vector<std::uint8_t> bytes = {0, 0, 0x08, static_cast<std::uint8_t>(dims.size())};
+    for (std::uint32_t d : dims) {
+      for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back((d >> shift) & 0xff);
+    }
+    return bytes;
+  }
+  fs::path write_gz(const std::string& name, const std::vector<std::uint8_t>& bytes) {
+    const fs::path path = dir_ / name;
+    gzFile out = gzopen(path.c_str(), "wb");
+    gzwrite(out, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(out);
+    return path;
+  }
+  fs::path write_plain(const std::string& name, const std::vector<std::uint8_t>& bytes) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return path;
+  }
+  fs::path dir_;
+};
+
+// Tests that a well-formed gzipped IDX file reads back with its shape and values.
+TEST_F(IdxTest, ReadsGoodFile) {
+  auto bytes = header({2, 3, 4});
+  for (int i = 0; i < 24; ++i) bytes.push_back(static_cast<std::uint8_t>(i * 10));
+  const torch::Tensor t = course::read_idx(write_gz("good.gz", bytes));
+  EXPECT_EQ(t.sizes(), torch::IntArrayRef({2, 3, 4}));
+  EXPECT_EQ(t.scalar_type(), torch::kByte);
+  EXPECT_EQ(t.flatten()[23].item<int>(), 230);
+}
+
+// Tests that an uncompressed IDX file is read too.
+TEST_F(IdxTest, ReadsPlainFile) {
+  auto bytes = header({5});
+  for (int i = 0; i < 5; ++i) bytes.push_back(static_cast<std::uint8_t>(i));
+  EXPECT_EQ(course::read_idx(write_plain("plain.idx", bytes)).sum().item<int>(), 10);
+}
+
+// Tests that a truncated file is a DataError that says so and names the package.
+TEST_F(IdxTest, TruncatedFileIsDataError) {
+  auto bytes = header({10, 28, 28});
+  bytes.resize(bytes.size() + 100);
+  try {
+    course::read_idx(write_gz("truncated.gz", bytes));
+    FAIL() << "no error";
+  } catch (const course::DataError& error) {
+    EXPECT_NE(std::string(error.what()).find("truncated"), std::string::npos) << error.what();
+    EXPECT_NE(error.hint().find("dataset-fashion-mnist"), std::string::npos);
+  }
+}
+
+// Tests that a file with the wrong magic number is a DataError.
+TEST_F(IdxTest, WrongMagicIsDataError) {
+  const std::vector<std::uint8_t> bytes = {0x1f, 0x00, 0x08, 0x01, 0, 0, 0, 1, 42};
+  try {
+    course::read_idx(write_gz("magic.gz", bytes));
+    FAIL() << "no error";
+  } catch (const course::DataError& error) {
+    EXPECT_NE(std::string(error.what()).find("magic"), std::string::npos) << error.what();
+  }
+}
+
+// Tests that a missing file and a missing folder are DataErrors naming the package and flag.
+TEST_F(IdxTest, MissingFileAndFolderAreDataErrors) {
+  EXPECT_THROW(course::read_idx(dir_ / "absent.gz"), course::DataError);
+  try {
+    course::find_fashion_mnist((dir_ / "nowhere").string());
+    FAIL() << "no error";
+  } catch (const course::DataError& error) {
+    EXPECT_NE(error.hint().find("dataset-fashion-mnist"), std::string::npos);
+    EXPECT_NE(error.hint().find("--data-dir"), std::string::npos);
+  }
+}
+
+// Tests that a corrupt gzip stream is a DataError, not a crash or silent garbage.
+TEST_F(IdxTest, CorruptGzipIsDataError) {
+  auto bytes = header({64});
+  bytes.resize(bytes.size() + 64, 7);
+  const fs::path path = write_gz("corrupt.gz", bytes);
+  std::vector<char> raw(fs::file_size(path));
+  std::ifstream(path, std::ios::binary).read(raw.data(), static_cast<std::streamsize>(raw.size()));
+  for (size_t i = 12; i + 8 < raw.size(); ++i) raw[i] = static_cast<char>(raw[i] ^ 0x5a);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(raw.data(), static_cast<std::streamsize>(raw.size()));
+  EXPECT_THROW(course::read_idx(path), course::DataError);
+}
+
+// ---- Fashion-MNIST (the real files, when installed) --------------------------------------------
+
+class FashionMnistTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    try {
+      folder_ = course::find_fashion_mnist("");
+    } catch (const course::DataError& error) {
+      GTEST_SKIP() << error.what();
+    }
+  }
+  fs::path folder_;
+};
+
+// Tests the real splits' shapes, label range and pixel range.
+TEST_F(FashionMnistTest, ShapesAndRanges) {
+  const auto train = course::load_fashion_mnist(folder_, /*train=*/true);
+  const auto test = course::load_fashion_mnist(folder_, /*train=*/false);
+  EXPECT_EQ(train.images.sizes(), torch::IntArrayRef({60000, 28, 28}));
+  EXPECT_EQ(test.images.sizes(), torch::IntArrayRef({10000, 28, 28}));
+  EXPECT_EQ(train.labels.sizes(), torch::IntArrayRef({60000}));
+  EXPECT_EQ(train.labels.min().item<int64_t>(), 0);
+  EXPECT_EQ(train.labels.max().item<int64_t>(), 9);
+  // Balanced: 6,000 training images per class.
+  EXPECT_TRUE(torch::equal(torch::bincount(train.labels), torch::full({10}, 6000, torch::kLong)));
+  EXPECT_EQ(train.images.min().item<float>(), 0.0f);
+  EXPECT_EQ(train.images.max().item<float>(), 1.0f);
+  EXPECT_STREQ(course::fashion_mnist_class(9), "Ankle boot");
+}
+
+// Tests that the environment variable is the fallback for the flag.
+TEST_F(FashionMnistTest, EnvironmentVariableIsUsed) {
+  ::setenv(course::kDataDirEnv, "/definitely/not/here", 1);
+  EXPECT_THROW(course::find_fashion_mnist(""), course::DataError);
+  EXPECT_EQ(course::find_fashion_mnist(folder_.string()), folder_);  // the flag wins
+  ::unsetenv(course::kDataDirEnv);
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+// Tests that the counting allocator sees a tensor's bytes come and go, and its peak.
+TEST(CpuMemory, CountsTensorStorage) {
+  course::install_counting_cpu_allocator();
+  const c10::Device cpu(c10::kCPU);
+  course::reset_peak_memory(cpu);
+  const auto before = course::memory_stats(cpu);
+  constexpr std::int64_t kBytes = 4 << 20;
+  {
+    const torch::Tensor t = torch::empty({kBytes / 4});
+    const auto during = course::memory_stats(cpu);
+    EXPECT_EQ(during.allocated - before.allocated, kBytes);
+    EXPECT_GE(during.allocations, 1);
+  }
+  const auto after = course::memory_stats(cpu);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_GE(after.peak_allocated - before.allocated, kBytes);
+}
+
+// Tests that a CPU budget turns an oversized allocation into c10::OutOfMemoryError.
+TEST(CpuMemory, BudgetThrowsOutOfMemory) {
+  course::install_counting_cpu_allocator();
+  const auto in_use = course::memory_stats(c10::Device(c10::kCPU)).allocated;
+  course::set_cpu_memory_budget(in_use + (1 << 20));
+  EXPECT_NO_THROW(torch::empty({1000}));
+  EXPECT_THROW(torch::empty({1 << 20}), c10::OutOfMemoryError);
+  course::set_cpu_memory_budget(0);
+  EXPECT_NO_THROW(torch::empty({1 << 20}));
+}
+
+// Tests that the CUDA caching allocator's numbers follow a tensor (GPU only).
+TEST_F(CudaTest, CachingAllocatorStats) {
+  course::empty_cache(device);
+  course::reset_peak_memory(device);
+  const auto before = course::memory_stats(device);
+  constexpr std::int64_t kBytes = 64 << 20;
+  {
+    const torch::Tensor t = torch::empty({kBytes / 4}, torch::TensorOptions().device(device));
+    EXPECT_GE(course::memory_stats(device).allocated - before.allocated, kBytes);
+  }
+  const auto freed = course::memory_stats(device);
+  EXPECT_EQ(freed.allocated, before.allocated);
+  EXPECT_GE(freed.reserved, before.reserved + kBytes);  // the cache keeps the block
+  course::empty_cache(device);
+  EXPECT_LT(course::memory_stats(device).reserved, freed.reserved);
+  EXPECT_GT(course::device_memory(device).total, 0);
+}
+
+// ---- timing and synthetic data -----------------------------------------------------------------
+
+// Tests that the median lies between the fastest and slowest run and counts the runs.
+TEST(Timing, MedianIsBetweenMinAndMax) {
+  int calls = 0;
+  const auto t = course::time_median([&] { ++calls; torch::mm(torch::ones({64, 64}), torch::ones({64, 64})); },
+                                     c10::Device(c10::kCPU), /*warmup=*/2, /*runs=*/5);
+  EXPECT_EQ(calls, 7);
+  EXPECT_EQ(t.runs, 5);
+  EXPECT_LE(t.min_s, t.median_s);
+  EXPECT_LE(t.median_s, t.max_s);
+  EXPECT_GT(t.min_s, 0.0);
+}
+
+// Tests that the regression data is seeded and that least squares recovers its weights.
+TEST(Regression, SeededAndRecoverable) {
+  const auto a = course::make_regression(2000, 8, 0.01, 7);
+  const auto b = course::make_regression(2000, 8, 0.01, 7);
+  EXPECT_TRUE(torch::equal(a.x, b.x));
+  EXPECT_TRUE(torch::equal(a.y, b.y));
+  const torch::Tensor x1 = torch::cat({a.x, torch::ones({2000, 1})}, 1);
+  const torch::Tensor solution = std::get<0>(torch::linalg_lstsq(x1, a.y));
+  EXPECT_LT((solution.slice(0, 0, 8) - a.weight).abs().max().item<double>(), 0.01);
+  EXPECT_NEAR(solution[8].item<double>(), a.bias, 0.01);
+}

@@ -1,0 +1,73 @@
+// Tests of lesson 02: model->to(device) moves parameters and buffers in place.
+#include <gtest/gtest.h>
+
+#include "cuda_test.h"
+#include "moving_model.h"
+
+namespace {
+int count_buffers(const std::vector<lesson02::Placement>& rows) {
+  int n = 0;
+  for (const auto& row : rows) n += row.is_buffer;
+  return n;
+}
+}  // namespace
+
+// Tests that the inventory lists BatchNorm's buffers as well as the parameters.
+TEST(Inventory, ListsParametersAndBuffers) {
+  lesson02::Net model;
+  const auto rows = lesson02::inventory(*model);
+  EXPECT_EQ(rows.size(), 9u);
+  EXPECT_EQ(count_buffers(rows), 3);  // running_mean, running_var, num_batches_tracked
+}
+
+// Tests that moving to the CPU keeps everything in place and copies nothing.
+TEST(MoveModel, ToCpuIsInPlaceWithoutCopy) {
+  lesson02::Net model;
+  const auto report = lesson02::move_model(model, torch::kCPU);
+  EXPECT_TRUE(report.all_on_device);
+  EXPECT_TRUE(report.same_objects);
+  EXPECT_FALSE(report.storage_changed);
+  const std::int64_t expected = (lesson02::kInputs + 1) * lesson02::kHidden * 4 +
+                                (lesson02::kHidden + 1) * lesson02::kClasses * 4 +
+                                4 * lesson02::kHidden * 4 + 8;
+  EXPECT_EQ(report.bytes, expected);
+}
+
+// Tests that the optimizer built after the move holds the model's own tensors and steps.
+TEST(Optimizer, BuiltAfterMoveHoldsModelTensors) {
+  torch::manual_seed(lesson02::kSeed);
+  lesson02::Net model;
+  lesson02::move_model(model, torch::kCPU);
+  auto optimizer = lesson02::make_optimizer(model);
+  EXPECT_TRUE(lesson02::optimizer_matches_model(optimizer, model, torch::kCPU));
+  const torch::Tensor before = model->fc1->weight.clone();
+  EXPECT_TRUE(std::isfinite(lesson02::train_step(model, optimizer, torch::kCPU)));
+  EXPECT_FALSE(torch::equal(before, model->fc1->weight));  // the step changed the weights
+}
+
+// Tests that to(kFloat64) converts every parameter.
+TEST(MoveModel, ToDtypeConvertsParameters) {
+  lesson02::Net model;
+  model->to(torch::kFloat64);
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat64);
+}
+
+// Tests that moving to the GPU moves every tensor to new memory, in place, and outputs match.
+TEST_F(CudaTest, MoveToGpu) {
+  torch::manual_seed(lesson02::kSeed);
+  lesson02::Net model;
+  model->eval();
+  const torch::Tensor x = torch::randn({lesson02::kBatch, lesson02::kInputs});
+  const torch::Tensor cpu_out = model->forward(x);
+  const torch::Tensor weight = model->fc1->weight;
+  const auto report = lesson02::move_model(model, device);
+  EXPECT_TRUE(report.all_on_device);
+  EXPECT_TRUE(report.same_objects);
+  EXPECT_TRUE(report.storage_changed);
+  EXPECT_EQ(weight.device(), device);
+  const torch::Tensor gpu_out = model->forward(x.to(device)).cpu();
+  EXPECT_LE(((gpu_out - cpu_out).abs().max() / cpu_out.abs().max()).item<double>(),
+            lesson02::kOutputTolerance);
+  auto optimizer = lesson02::make_optimizer(model);
+  EXPECT_TRUE(lesson02::optimizer_matches_model(optimizer, model, device));
+}

@@ -1,0 +1,42 @@
+// Tests of lesson 04: the device-mismatch error, its HINT and its fix.
+#include <gtest/gtest.h>
+
+#include "cuda_test.h"
+#include "mismatch_error.h"
+
+namespace {
+void expect_error_then_fix(const torch::Device& model_device) {
+  torch::manual_seed(lesson04::kSeed);
+  lesson04::Classifier model = lesson04::make_model(model_device);
+  ASSERT_EQ(lesson04::device_of(model), model_device);
+  const auto mistake = lesson04::feed_cpu_batch(model);
+  EXPECT_TRUE(mistake.threw);
+  EXPECT_NE(mistake.message.find(lesson04::kMismatchText), std::string::npos) << mistake.message;
+  EXPECT_EQ(mistake.message.find('\n'), std::string::npos);  // no backtrace
+  EXPECT_FALSE(lesson04::hint_for(mistake.message).empty());
+  const auto fixed = lesson04::feed_moved_batch(model);
+  ASSERT_FALSE(fixed.threw) << fixed.message;
+  EXPECT_EQ(fixed.output.sizes(), torch::IntArrayRef({lesson04::kBatch, lesson04::kClasses}));
+  EXPECT_EQ(fixed.output.device(), model_device);
+}
+}  // namespace
+
+// Tests that without a GPU the lesson demonstrates on the meta device.
+TEST(ModelDevice, MetaWithoutGpu) {
+  EXPECT_TRUE(lesson04::model_device_for(torch::kCPU).is_meta());
+}
+
+// Tests the real error and the fix with a model on the meta device (any machine).
+TEST(Mismatch, MetaModelCpuBatch) { expect_error_then_fix(torch::Device(torch::kMeta)); }
+
+// Tests that the HINT is only given for the mismatch error.
+TEST(Hint, OnlyForMismatch) {
+  EXPECT_TRUE(lesson04::hint_for("shape '[2]' is invalid").empty());
+  EXPECT_NE(lesson04::hint_for(lesson04::kMismatchText).find(".to("), std::string::npos);
+}
+
+// Tests the classic case on a GPU: a model on CUDA fed a CPU batch.
+TEST_F(CudaTest, CudaModelCpuBatch) {
+  EXPECT_EQ(lesson04::model_device_for(device), device);
+  expect_error_then_fix(device);
+}
