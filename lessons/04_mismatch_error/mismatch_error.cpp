@@ -102,7 +102,7 @@ int lesson_main(int argc, char** argv) {
   Classifier model = make_model(model_device);
   if (model_device.is_meta()) {
     std::cout << "No GPU in use: the model goes to the meta device, which raises the same error "
-                 "as a GPU would.\n  (On a GPU the message reads 'cuda:0 and cpu'.)\n";
+                 "as a GPU would.\n  (With a GPU, the message names the two devices, e.g. cuda:0 and cpu.)\n";
   }
   std::cout << "Model on " << device_of(model) << "; feeding it a batch on cpu...\n";
 

@@ -1,0 +1,49 @@
+// bench_main.cpp: the main of every benchmark program: uses all cores, as the lessons do, and
+// records LibTorch's version, threads and GPU in the JSON context.
+#include "bench.h"
+
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+
+#include "common/cli.h"
+#include "common/device.h"
+
+namespace bench {
+
+bool gpu_or_skip(benchmark::State& state, c10::Device& device) {
+  if (course::cuda_device_count() == 0) {
+    state.SkipWithError(("needs CUDA: " + course::why_no_cuda()).c_str());
+    return false;
+  }
+  device = c10::Device(c10::kCUDA, 0);
+  return true;
+}
+
+void run_timed(benchmark::State& state, const c10::Device& device,
+               const std::function<void()>& work) {
+  work();  // warm-up: kernel selection, allocator caches, lazy initialization
+  course::synchronize(device);
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    course::synchronize(device);  // the GPU runs asynchronously: wait before reading the clock
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+}
+
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  at::set_num_threads(course::available_cores());
+  benchmark::AddCustomContext("libtorch", TORCH_VERSION);
+  benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
+  benchmark::AddCustomContext("cuda_device", course::cuda_device_count() > 0
+                                                 ? course::describe(c10::Device(c10::kCUDA, 0))
+                                                 : "none (" + course::why_no_cuda() + ")");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
