@@ -1,0 +1,91 @@
+// bench_training: lesson 05's training step and epoch on the CPU and the GPU, with both loaders,
+// batch sizes 64..4096, in samples per second. GPU timings synchronize before reading the clock.
+//
+// Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
+// The epoch benchmarks read Fashion-MNIST (--data-dir is not a benchmark flag: set
+// GPU_LESSONS_DATA_DIR, or install dataset-fashion-mnist).
+#include <torch/torch.h>
+
+#include "bench.h"
+#include "common/data.h"
+#include "training_loop.h"
+
+namespace {
+
+// FLOPs of one training sample: forward 2·W, backward 2·W for the weight gradients plus 2·W'
+// for the input gradients of layers 2 and 3 (the images need no gradient). W = 109,184 weights.
+constexpr double kForwardFlops = 2.0 * (784 * 128 + 128 * 64 + 64 * 10);
+constexpr double kTrainFlopsPerSample = 2 * kForwardFlops + 2.0 * (128 * 64 + 64 * 10);
+
+const course::ImageSet* train_set(benchmark::State& state) {
+  static course::ImageSet data;
+  static std::string error;
+  if (!data.images.defined() && error.empty()) {
+    try {
+      data = course::load_fashion_mnist(course::find_fashion_mnist(""), /*train=*/true);
+    } catch (const course::DataError& e) {
+      error = e.what();
+    }
+  }
+  if (!error.empty()) {
+    state.SkipWithError(error.c_str());
+    return nullptr;
+  }
+  return &data;
+}
+
+// ---- one training step on a fixed batch --------------------------------------------------------
+void train_step(benchmark::State& state, const c10::Device& device) {
+  const std::int64_t batch = state.range(0);
+  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+  const auto on = torch::TensorOptions().device(device);
+  const torch::Tensor images = torch::rand({batch, 784}, on);
+  const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
+  bench::run_timed(state, device, [&] {
+    trainer.flat.gradients.zero_();
+    torch::nn::functional::cross_entropy(trainer.model->forward(images), labels).backward();
+    trainer.optimizer->step();
+  });
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["FLOP/s"] = benchmark::Counter(kTrainFlopsPerSample * batch,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_TrainStepCpu(benchmark::State& state) { train_step(state, torch::kCPU); }
+void BM_TrainStepCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) train_step(state, device);
+}
+
+// ---- one epoch of Fashion-MNIST ------------------------------------------------------------------
+void epoch(benchmark::State& state, const c10::Device& device) {
+  const course::ImageSet* data = train_set(state);
+  if (data == nullptr) return;
+  const std::string loader_name = state.range(0) == 0 ? "batches" : "resident";
+  const std::int64_t batch = state.range(1);
+  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+  auto loader = lesson05::make_loader(loader_name, *data, batch, device);
+  bench::run_timed(state, device, [&] { lesson05::train_epoch(trainer, *loader, device); });
+  state.SetLabel(loader_name);
+  state.SetItemsProcessed(state.iterations() * data->labels.size(0));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(kTrainFlopsPerSample * static_cast<double>(data->labels.size(0)),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_EpochCpu(benchmark::State& state) { epoch(state, torch::kCPU); }
+void BM_EpochCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) epoch(state, device);
+}
+
+}  // namespace
+
+BENCHMARK(BM_TrainStepCpu)->ArgName("batch")->RangeMultiplier(4)->Range(64, 4096)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TrainStepCuda)->ArgName("batch")->RangeMultiplier(4)->Range(64, 4096)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EpochCpu)->ArgNames({"resident", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EpochCuda)->ArgNames({"resident", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);

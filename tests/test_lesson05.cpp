@@ -1,0 +1,204 @@
+// Tests of lesson 05: the loaders, the flat parameters, the training loop and its accuracy.
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "common/data.h"
+#include "cuda_test.h"
+#include "training_loop.h"
+
+namespace {
+
+// A dataset whose first pixel holds the sample's index, so a batch says which samples it has.
+course::ImageSet numbered(std::int64_t n) {
+  course::ImageSet data;
+  data.images = torch::zeros({n, 28, 28});
+  data.images.select(2, 0).select(1, 0).copy_(torch::arange(n, torch::kFloat));
+  data.labels = torch::arange(n, torch::kLong).remainder(10);
+  return data;
+}
+
+// The sample indices one epoch of `loader` yields, in order.
+std::vector<std::int64_t> one_epoch(lesson05::Loader& loader) {
+  std::vector<std::int64_t> seen;
+  lesson05::Batch batch;
+  loader.start_epoch();
+  while (loader.next(batch)) {
+    const torch::Tensor ids = batch.images.select(1, 0).to(torch::kCPU).to(torch::kLong);
+    EXPECT_TRUE(torch::equal(ids.remainder(10), batch.labels.to(torch::kCPU)));
+    for (std::int64_t i = 0; i < ids.size(0); ++i) seen.push_back(ids[i].item<std::int64_t>());
+  }
+  return seen;
+}
+
+void expect_each_sample_once(const std::string& name, const torch::Device& device) {
+  constexpr std::int64_t kN = 1000;  // not a multiple of the batch size: a short last batch
+  torch::manual_seed(1);
+  auto loader = lesson05::make_loader(name, numbered(kN), /*batch_size=*/64, device);
+  EXPECT_EQ(loader->name(), name);
+  EXPECT_EQ(loader->size(), kN);
+  const auto first = one_epoch(*loader);
+  const auto second = one_epoch(*loader);
+  ASSERT_EQ(first.size(), static_cast<size_t>(kN));
+  EXPECT_EQ(std::set<std::int64_t>(first.begin(), first.end()).size(), static_cast<size_t>(kN));
+  EXPECT_EQ(*std::min_element(first.begin(), first.end()), 0);
+  EXPECT_EQ(*std::max_element(first.begin(), first.end()), kN - 1);
+  EXPECT_NE(first, second) << "each epoch must be shuffled anew";
+}
+
+double mean_loss(lesson05::Mlp& model, const course::ImageSet& data) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const auto device = model->parameters().front().device();
+  return torch::nn::functional::cross_entropy(
+             model->forward(data.images.reshape({-1, 784}).to(device)), data.labels.to(device))
+      .item<double>();
+}
+
+}  // namespace
+
+// Tests that both loaders yield every sample exactly once per epoch, reshuffled each epoch.
+TEST(Loaders, EverySampleOncePerEpoch) {
+  expect_each_sample_once("batches", torch::kCPU);
+  expect_each_sample_once("resident", torch::kCPU);
+}
+
+// Tests that an unknown loader name is a usage error.
+TEST(Loaders, UnknownNameIsUsageError) {
+  EXPECT_THROW(lesson05::make_loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
+}
+
+// Tests that flattening keeps the values and routes every gradient into the flat buffer.
+TEST(FlattenParameters, ParametersAndGradientsLiveInFlatBuffers) {
+  torch::manual_seed(3);
+  lesson05::Mlp model;
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  const lesson05::FlatParameters flat = lesson05::flatten_parameters(*model);
+  EXPECT_EQ(flat.values.numel(), 784 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10);
+  const auto* begin = flat.values.data_ptr<float>();
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i], before[i]));
+    const auto* data = params[i].data_ptr<float>();
+    EXPECT_TRUE(data >= begin && data < begin + flat.values.numel());
+  }
+  model->forward(torch::rand({8, 784})).sum().backward();
+  EXPECT_GT(flat.gradients.abs().sum().item<double>(), 0.0);
+  for (const auto& p : params) {
+    EXPECT_TRUE(torch::equal(p.grad().reshape(-1),
+                             flat.gradients.slice(0, p.data_ptr<float>() - begin,
+                                                  p.data_ptr<float>() - begin + p.numel())));
+  }
+}
+
+// Tests that the flat Adam step equals LibTorch's Adam over the separate parameters.
+TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
+  auto run = [](bool flat) {
+    torch::manual_seed(4);
+    lesson05::Mlp model;
+    lesson05::FlatParameters buffers;
+    std::unique_ptr<torch::optim::Adam> adam;
+    if (flat) {
+      buffers = lesson05::flatten_parameters(*model);
+      adam = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{buffers.values},
+                                                  torch::optim::AdamOptions(lesson05::kLearningRate));
+    } else {
+      adam = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                                  torch::optim::AdamOptions(lesson05::kLearningRate));
+    }
+    torch::manual_seed(5);
+    for (int step = 0; step < 5; ++step) {
+      if (flat) buffers.gradients.zero_(); else adam->zero_grad();
+      const torch::Tensor x = torch::rand({16, 784});
+      const torch::Tensor y = torch::randint(10, {16});
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      adam->step();
+    }
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+    return out;
+  };
+  const auto flat = run(true), separate = run(false);
+  for (size_t i = 0; i < flat.size(); ++i) {
+    EXPECT_LT((flat[i] - separate[i]).abs().max().item<double>(), 1e-6) << i;
+  }
+}
+
+// ---- with Fashion-MNIST ------------------------------------------------------------------------
+class FashionMnist : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    try {
+      const auto folder = course::find_fashion_mnist("");
+      train_ = new course::ImageSet(course::load_fashion_mnist(folder, true));
+      test_ = new course::ImageSet(course::load_fashion_mnist(folder, false));
+    } catch (const course::DataError& error) {
+      skip_reason_ = error.what();
+    }
+  }
+  void SetUp() override {
+    if (train_ == nullptr) GTEST_SKIP() << skip_reason_;
+  }
+  static inline course::ImageSet* train_ = nullptr;
+  static inline course::ImageSet* test_ = nullptr;
+  static inline std::string skip_reason_;
+};
+
+// Tests that one epoch on a fixed subset lowers the loss on that subset.
+TEST_F(FashionMnist, OneEpochReducesLoss) {
+  const course::ImageSet subset = lesson05::take(*train_, 5000);
+  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, lesson05::kSeed);
+  const double before = mean_loss(trainer.model, subset);
+  auto loader = lesson05::make_loader("resident", subset, lesson05::kBatchSize, torch::kCPU);
+  const auto stats = lesson05::train_epoch(trainer, *loader, torch::kCPU);
+  EXPECT_EQ(stats.samples, 5000);
+  EXPECT_LT(mean_loss(trainer.model, subset), 0.6 * before);
+}
+
+// Tests that on the CPU the same seed gives identical results, whichever loader is used.
+TEST_F(FashionMnist, SameSeedSameResultOnCpu) {
+  const course::ImageSet subset = lesson05::take(*train_, 3000);
+  const course::ImageSet eval = lesson05::take(*test_, 1000);
+  const auto a = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
+  const auto b = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
+  const auto c = lesson05::train_and_evaluate(subset, eval, "batches", 2, 64, torch::kCPU, 11);
+  for (size_t e = 0; e < a.epochs.size(); ++e) {
+    EXPECT_EQ(a.epochs[e].mean_loss, b.epochs[e].mean_loss);
+    EXPECT_EQ(a.epochs[e].mean_loss, c.epochs[e].mean_loss);
+  }
+  EXPECT_EQ(a.accuracy, b.accuracy);
+  EXPECT_EQ(a.accuracy, c.accuracy);
+}
+
+// Tests the lesson's verdict: the default run (5 epochs, batch 64, all 60,000 images) reaches
+// the accuracy bar. About 3 seconds on 2 cores.
+TEST_F(FashionMnist, DefaultRunReachesAccuracyBar) {
+  const auto run = lesson05::train_and_evaluate(*train_, *test_, "resident", lesson05::kEpochs,
+                                                lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
+  EXPECT_GE(run.accuracy, lesson05::kAccuracyBar);
+  EXPECT_LT(run.epochs.back().mean_loss, run.epochs.front().mean_loss);
+}
+
+// Tests the quick mode's bar on its subset.
+TEST_F(FashionMnist, QuickRunReachesQuickBar) {
+  const auto run = lesson05::train_and_evaluate(lesson05::take(*train_, lesson05::kQuickSamples),
+                                                *test_, "batches", lesson05::kQuickEpochs,
+                                                lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
+  EXPECT_GE(run.accuracy, lesson05::kQuickAccuracyBar);
+}
+
+// Tests both loaders on the GPU: every sample once, and training lowers the loss.
+TEST_F(CudaTest, LoadersAndTrainingOnGpu) {
+  expect_each_sample_once("batches", device);
+  expect_each_sample_once("resident", device);
+  course::ImageSet data = numbered(2000);
+  data.images = torch::rand({2000, 28, 28});
+  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+  EXPECT_EQ(trainer.flat.values.device(), device);
+  auto loader = lesson05::make_loader("resident", data, 64, device);
+  const double first = lesson05::train_epoch(trainer, *loader, device).mean_loss;
+  double last = first;
+  for (int e = 0; e < 3; ++e) last = lesson05::train_epoch(trainer, *loader, device).mean_loss;
+  EXPECT_LT(last, first);
+}
