@@ -2,9 +2,10 @@
 #include "common/memory.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
-#include <c10/core/CPUAllocator.h>  // defines: c10::GetCPUAllocator, c10::SetCPUAllocator
+#include <c10/core/CPUAllocator.h>  // defines: c10::SetCPUAllocator
 #include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
 
 #ifdef GPU_LESSONS_WITH_CUDA
@@ -34,22 +35,22 @@ CpuCounters& counters() {
   return *instance;
 }
 
-// What the deleter needs: the wrapped allocation and its size.
-struct Counted {
-  c10::DataPtr inner;
-  std::int64_t bytes;
-};
+// Each allocation carries its size in a 64-byte header in front of the data (64 bytes keeps the
+// alignment LibTorch's own CPU allocator gives). The data pointer is also the DataPtr's context,
+// as raw_allocate() users (oneDNN's scratch buffers, for one) require.
+constexpr size_t kHeader = 64;
 
-void release_counted(void* context) {
-  auto* counted = static_cast<Counted*>(context);
-  counters().allocated.fetch_sub(counted->bytes);
-  delete counted;  // frees the wrapped allocation through its own deleter
+void counted_free(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  std::int64_t bytes = 0;
+  std::memcpy(&bytes, base, sizeof bytes);
+  counters().allocated.fetch_sub(bytes);
+  std::free(base);
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
-
   // LibTorch 1.13 declares allocate() const; 2.x declares it non-const and adds a pure virtual
   // copy_data(). Defining both overloads and copy_data() fits either interface.
   c10::DataPtr allocate(size_t bytes) const { return counted_allocate(bytes); }
@@ -57,9 +58,12 @@ class CountingCpuAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const {
     std::memcpy(dest, src, count);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_free; }
 
  private:
-  c10::DataPtr counted_allocate(size_t bytes) const {
+  static c10::DataPtr counted_allocate(size_t bytes) {
+    const c10::Device cpu(c10::kCPU);
+    if (bytes == 0) return c10::DataPtr(nullptr, nullptr, &counted_free, cpu);
     auto& c = counters();
     const auto size = static_cast<std::int64_t>(bytes);
     const std::int64_t now = c.allocated.fetch_add(size) + size;
@@ -71,18 +75,20 @@ class CountingCpuAllocator final : public c10::Allocator {
                        format_bytes(static_cast<double>(now - size)), " in use and a budget of ",
                        format_bytes(static_cast<double>(budget)));
     }
+    void* base = nullptr;
+    if (posix_memalign(&base, kHeader, bytes + kHeader) != 0) {
+      c.allocated.fetch_sub(size);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ",
+                       format_bytes(static_cast<double>(size)));
+    }
+    std::memcpy(base, &size, sizeof size);
     std::int64_t peak = c.peak.load();
     while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
     }
     c.allocations.fetch_add(1);
-    c10::DataPtr inner = inner_->allocate(bytes);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    auto* context = new Counted{std::move(inner), size};
-    return c10::DataPtr(data, context, &release_counted, device);
+    void* data = static_cast<char*>(base) + kHeader;
+    return c10::DataPtr(data, data, &counted_free, cpu);
   }
-
-  c10::Allocator* inner_;
 };
 
 std::atomic<bool> g_installed{false};
@@ -92,7 +98,7 @@ std::atomic<bool> g_installed{false};
 void install_counting_cpu_allocator() {
   if (g_installed.exchange(true)) return;
   // Lives forever, as LibTorch requires of registered allocators.
-  static auto* allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
+  static auto* allocator = new CountingCpuAllocator();
   c10::SetCPUAllocator(allocator, /*priority=*/100);
 }
 

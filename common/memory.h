@@ -36,7 +36,7 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(const c10::Device& device);
 
-/// Wraps LibTorch's CPU allocator with one that counts bytes (idempotent; start_lesson() calls
+/// Replaces LibTorch's CPU allocator with one that counts bytes (idempotent; start_lesson() calls
 /// it). Storage allocated before the call is not counted, before or after.
 void install_counting_cpu_allocator();
 

@@ -1,0 +1,83 @@
+// Tests of lesson 07: step memory against batch size, freeing and emptying, the OOM loop.
+#include <gtest/gtest.h>
+
+#include "common/memory.h"
+#include "cuda_test.h"
+#include "memory_management.h"
+
+namespace {
+
+struct TrainingRig {
+  lesson07::Net model;
+  std::unique_ptr<torch::optim::Adam> optimizer;
+  explicit TrainingRig(const torch::Device& device) {
+    course::install_counting_cpu_allocator();
+    torch::manual_seed(lesson07::kSeed);
+    model->to(device);
+    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                                     torch::optim::AdamOptions(1e-3));
+    lesson07::train_step(model, *optimizer, 8, device);
+  }
+};
+
+// Removes the CPU budget however the test ends.
+struct BudgetGuard {
+  explicit BudgetGuard(std::int64_t bytes) { course::set_cpu_memory_budget(bytes); }
+  ~BudgetGuard() { course::set_cpu_memory_budget(0); }
+};
+
+void expect_step_memory_grows(const torch::Device& device) {
+  TrainingRig s(device);
+  const auto small = lesson07::measure_step(s.model, *s.optimizer, 256, device);
+  const auto large = lesson07::measure_step(s.model, *s.optimizer, 2048, device);
+  EXPECT_GT(large.peak, small.peak);
+  EXPECT_GT(large.activations, 4 * small.activations);
+  // Kept for backward, per sample: at least the two hidden layers' activations (2 x 1024 floats).
+  EXPECT_GE(large.bytes_per_sample(), 2 * lesson07::kHidden * 4);
+  EXPECT_NEAR(large.bytes_per_sample(), small.bytes_per_sample(), 0.25 * small.bytes_per_sample());
+}
+
+}  // namespace
+
+// Tests that the peak of a step and the activations it keeps grow with the batch (CPU).
+TEST(StepMemory, GrowsWithBatchOnCpu) { expect_step_memory_grows(torch::kCPU); }
+
+// Tests that a freed tensor's bytes come back, and that the CPU keeps no cache.
+TEST(FreeThenEmpty, ReturnsToBaselineOnCpu) {
+  course::install_counting_cpu_allocator();
+  const auto f = lesson07::free_then_empty(torch::kCPU, 64 << 20);
+  EXPECT_GE(f.allocated_with - f.allocated_before, 64 << 20);
+  EXPECT_EQ(f.allocated_after, f.allocated_before);
+  EXPECT_EQ(f.reserved_after_free, f.allocated_after);
+}
+
+// Tests the OOM loop against a CPU budget: it fails, halves, and ends on a batch that fits.
+TEST(OomLoop, RecoversUnderCpuBudget) {
+  TrainingRig s(torch::kCPU);
+  BudgetGuard budget(course::memory_stats(torch::kCPU).allocated + (64 << 20));
+  const auto attempts = lesson07::shrink_until_fits(s.model, *s.optimizer, 65536, torch::kCPU);
+  ASSERT_GE(attempts.size(), 2u);
+  EXPECT_FALSE(attempts.front().fit);
+  EXPECT_NE(attempts.front().error.find("budget"), std::string::npos) << attempts.front().error;
+  EXPECT_TRUE(attempts.back().fit);
+  for (size_t i = 1; i < attempts.size(); ++i) {
+    EXPECT_EQ(attempts[i].batch, attempts[i - 1].batch / 2);
+  }
+}
+
+// Tests the same on the GPU, with the caching allocator's cache and a real out-of-memory error.
+TEST_F(CudaTest, MemoryFactsOnGpu) {
+  expect_step_memory_grows(device);
+  const auto f = lesson07::free_then_empty(device, 256 << 20);
+  EXPECT_EQ(f.allocated_after, f.allocated_before);
+  EXPECT_GE(f.reserved_after_free, f.allocated_before + (256 << 20));  // the cache keeps it
+  EXPECT_LT(f.reserved_after_empty, f.reserved_after_free);
+  TrainingRig s(device);
+  const auto step = lesson07::measure_step(s.model, *s.optimizer, 1024, device);
+  std::int64_t start = 1;
+  while (start * step.bytes_per_sample() < 2.0 * course::device_memory(device).total) start *= 2;
+  const auto attempts = lesson07::shrink_until_fits(s.model, *s.optimizer, start, device);
+  ASSERT_GE(attempts.size(), 2u);
+  EXPECT_FALSE(attempts.front().fit);
+  EXPECT_TRUE(attempts.back().fit);
+}
