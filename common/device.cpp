@@ -97,7 +97,8 @@ std::string format_bytes(double bytes) {
 
 std::string describe(const c10::Device& device) {
   if (device.is_cpu()) {
-    return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
+    const int threads = at::get_num_threads();
+    return "cpu (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
   }
   if (device.is_cuda()) {
     for (const auto& gpu : list_gpus()) {

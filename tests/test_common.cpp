@@ -16,6 +16,7 @@
 #include "common/timing.h"
 #include "common/verdict.h"
 #include "cuda_test.h"
+#include "fashion_mnist_test.h"
 
 namespace fs = std::filesystem;
 
@@ -218,22 +219,10 @@ TEST_F(IdxTest, CorruptGzipIsDataError) {
 
 // ---- Fashion-MNIST (the real files, when installed) --------------------------------------------
 
-class FashionMnistTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    try {
-      folder_ = course::find_fashion_mnist("");
-    } catch (const course::DataError& error) {
-      GTEST_SKIP() << error.what();
-    }
-  }
-  fs::path folder_;
-};
-
 // Tests the real splits' shapes, label range and pixel range.
 TEST_F(FashionMnistTest, ShapesAndRanges) {
-  const auto train = course::load_fashion_mnist(folder_, /*train=*/true);
-  const auto test = course::load_fashion_mnist(folder_, /*train=*/false);
+  const course::ImageSet& train = this->train();
+  const course::ImageSet& test = this->test();
   EXPECT_EQ(train.images.sizes(), torch::IntArrayRef({60000, 28, 28}));
   EXPECT_EQ(test.images.sizes(), torch::IntArrayRef({10000, 28, 28}));
   EXPECT_EQ(train.labels.sizes(), torch::IntArrayRef({60000}));
@@ -246,12 +235,19 @@ TEST_F(FashionMnistTest, ShapesAndRanges) {
   EXPECT_STREQ(course::fashion_mnist_class(9), "Ankle boot");
 }
 
-// Tests that the environment variable is the fallback for the flag.
+// Tests that the environment variable is the fallback for the flag, and the flag wins over it.
 TEST_F(FashionMnistTest, EnvironmentVariableIsUsed) {
+  const fs::path found = course::find_fashion_mnist("");
+  const char* previous = std::getenv(course::kDataDirEnv);
+  const std::string saved = previous != nullptr ? previous : "";
   ::setenv(course::kDataDirEnv, "/definitely/not/here", 1);
   EXPECT_THROW(course::find_fashion_mnist(""), course::DataError);
-  EXPECT_EQ(course::find_fashion_mnist(folder_.string()), folder_);  // the flag wins
-  ::unsetenv(course::kDataDirEnv);
+  EXPECT_EQ(course::find_fashion_mnist(found.string()), found);
+  if (previous != nullptr) {
+    ::setenv(course::kDataDirEnv, saved.c_str(), 1);
+  } else {
+    ::unsetenv(course::kDataDirEnv);
+  }
 }
 
 // ---- memory ------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/data.h"
 #include "cuda_test.h"
+#include "fashion_mnist_test.h"
 #include "training_loop.h"
 
 namespace {
@@ -126,28 +126,9 @@ TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
 }
 
 // ---- with Fashion-MNIST ------------------------------------------------------------------------
-class FashionMnist : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    try {
-      const auto folder = course::find_fashion_mnist("");
-      train_ = new course::ImageSet(course::load_fashion_mnist(folder, true));
-      test_ = new course::ImageSet(course::load_fashion_mnist(folder, false));
-    } catch (const course::DataError& error) {
-      skip_reason_ = error.what();
-    }
-  }
-  void SetUp() override {
-    if (train_ == nullptr) GTEST_SKIP() << skip_reason_;
-  }
-  static inline course::ImageSet* train_ = nullptr;
-  static inline course::ImageSet* test_ = nullptr;
-  static inline std::string skip_reason_;
-};
-
 // Tests that one epoch on a fixed subset lowers the loss on that subset.
-TEST_F(FashionMnist, OneEpochReducesLoss) {
-  const course::ImageSet subset = lesson05::take(*train_, 5000);
+TEST_F(FashionMnistTest, OneEpochReducesLoss) {
+  const course::ImageSet subset = lesson05::take(train(), 5000);
   lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, lesson05::kSeed);
   const double before = mean_loss(trainer.model, subset);
   auto loader = lesson05::make_loader("resident", subset, lesson05::kBatchSize, torch::kCPU);
@@ -157,9 +138,9 @@ TEST_F(FashionMnist, OneEpochReducesLoss) {
 }
 
 // Tests that on the CPU the same seed gives identical results, whichever loader is used.
-TEST_F(FashionMnist, SameSeedSameResultOnCpu) {
-  const course::ImageSet subset = lesson05::take(*train_, 3000);
-  const course::ImageSet eval = lesson05::take(*test_, 1000);
+TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
+  const course::ImageSet subset = lesson05::take(train(), 3000);
+  const course::ImageSet eval = lesson05::take(test(), 1000);
   const auto a = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
   const auto b = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
   const auto c = lesson05::train_and_evaluate(subset, eval, "batches", 2, 64, torch::kCPU, 11);
@@ -173,17 +154,17 @@ TEST_F(FashionMnist, SameSeedSameResultOnCpu) {
 
 // Tests the lesson's verdict: the default run (5 epochs, batch 64, all 60,000 images) reaches
 // the accuracy bar. About 3 seconds on 2 cores.
-TEST_F(FashionMnist, DefaultRunReachesAccuracyBar) {
-  const auto run = lesson05::train_and_evaluate(*train_, *test_, "resident", lesson05::kEpochs,
+TEST_F(FashionMnistTest, DefaultRunReachesAccuracyBar) {
+  const auto run = lesson05::train_and_evaluate(train(), test(), "resident", lesson05::kEpochs,
                                                 lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
   EXPECT_GE(run.accuracy, lesson05::kAccuracyBar);
   EXPECT_LT(run.epochs.back().mean_loss, run.epochs.front().mean_loss);
 }
 
 // Tests the quick mode's bar on its subset.
-TEST_F(FashionMnist, QuickRunReachesQuickBar) {
-  const auto run = lesson05::train_and_evaluate(lesson05::take(*train_, lesson05::kQuickSamples),
-                                                *test_, "batches", lesson05::kQuickEpochs,
+TEST_F(FashionMnistTest, QuickRunReachesQuickBar) {
+  const auto run = lesson05::train_and_evaluate(lesson05::take(train(), lesson05::kQuickSamples),
+                                                test(), "batches", lesson05::kQuickEpochs,
                                                 lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
   EXPECT_GE(run.accuracy, lesson05::kQuickAccuracyBar);
 }

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "common/autocast.h"
-#include "common/data.h"
 #include "cuda_test.h"
+#include "fashion_mnist_test.h"
 #include "mixed_precision.h"
 
 namespace {
@@ -110,25 +110,11 @@ TEST(GradScaler, UnscaleRestoresGradients) {
 }
 
 // ---- training, with Fashion-MNIST ----------------------------------------------------------------
-class MixedTraining : public ::testing::Test {
- protected:
-  void SetUp() override {
-    try {
-      const auto folder = course::find_fashion_mnist("");
-      train_ = course::load_fashion_mnist(folder, true);
-      test_ = course::load_fashion_mnist(folder, false);
-    } catch (const course::DataError& error) {
-      GTEST_SKIP() << error.what();
-    }
-  }
-  course::ImageSet train_, test_;
-};
-
 // Tests that bf16 training on the CPU stays within the lesson's margin of fp32.
-TEST_F(MixedTraining, Bf16WithinMarginOnCpu) {
+TEST_F(FashionMnistTest, Bf16WithinMarginOnCpu) {
   const auto spec = lesson08::quick(lesson08::kMlp);
-  const auto fp32 = lesson08::train(spec, "fp32", train_, test_, torch::kCPU, lesson08::kSeed);
-  const auto bf16 = lesson08::train(spec, "bf16", train_, test_, torch::kCPU, lesson08::kSeed);
+  const auto fp32 = lesson08::train(spec, "fp32", train(), test(), torch::kCPU, lesson08::kSeed);
+  const auto bf16 = lesson08::train(spec, "bf16", train(), test(), torch::kCPU, lesson08::kSeed);
   EXPECT_GT(fp32.accuracy, 0.7);
   EXPECT_GE(bf16.accuracy, fp32.accuracy - lesson08::kAccuracyMargin);
   EXPECT_EQ(bf16.skipped_steps, 0);
@@ -143,16 +129,11 @@ TEST_F(CudaTest, PoliciesAndScalerOnGpu) {
 
 // Tests fp16 training with the scaler on the GPU against fp32.
 TEST_F(CudaTest, Fp16TrainingWithinMargin) {
-  course::ImageSet train, test;
-  try {
-    const auto folder = course::find_fashion_mnist("");
-    train = course::load_fashion_mnist(folder, true);
-    test = course::load_fashion_mnist(folder, false);
-  } catch (const course::DataError& error) {
-    GTEST_SKIP() << error.what();
-  }
+  std::string why;
+  const FashionMnistSplits* data = fashion_mnist(&why);
+  if (data == nullptr) GTEST_SKIP() << why;
   const auto spec = lesson08::quick(lesson08::kWide);
-  const auto fp32 = lesson08::train(spec, "fp32", train, test, device, lesson08::kSeed);
-  const auto fp16 = lesson08::train(spec, "fp16", train, test, device, lesson08::kSeed);
+  const auto fp32 = lesson08::train(spec, "fp32", data->train, data->test, device, lesson08::kSeed);
+  const auto fp16 = lesson08::train(spec, "fp16", data->train, data->test, device, lesson08::kSeed);
   EXPECT_GE(fp16.accuracy, fp32.accuracy - lesson08::kAccuracyMargin);
 }
