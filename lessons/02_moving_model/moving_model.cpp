@@ -16,6 +16,7 @@
 //         Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include "moving_model.h"
 
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 
