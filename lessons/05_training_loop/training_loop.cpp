@@ -15,8 +15,8 @@
 //
 // Run:    build/bin/lesson05_training_loop [--device ...] [--loader both|batches|resident]
 //                                          [--epochs N] [--batch-size N] [--data-dir DIR] [--quick]
-// Checks: test accuracy >= kAccuracyBar after kEpochs (kQuickAccuracyBar with --quick) for each
-//         loader trained; on the CPU, both loaders see the same batches and so reach the same
+// Checks: test accuracy >= kAccuracyBar after kEpochs (kQuickAccuracyBar with --quick, fewer
+//         epochs or larger batches) for each loader trained; on the CPU, both loaders see the same batches and so reach the same
 //         loss. Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
 #include "training_loop.h"
 
@@ -290,7 +290,10 @@ int lesson_main(int argc, char** argv) {
   const course::ImageSet test = course::load_fashion_mnist(course::find_fashion_mnist(options.data_dir), false);
   if (options.quick) train = take(train, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
-  const double bar = options.quick ? kQuickAccuracyBar : kAccuracyBar;
+  // The 0.85 bar is for the full run (all images, >= 5 epochs, batches of <= 64); a shorter run
+  // (fewer epochs or steps) is held to the quick bar.
+  const bool full_run = !options.quick && epochs >= kEpochs && batch_size <= kBatchSize;
+  const double bar = full_run ? kAccuracyBar : kQuickAccuracyBar;
   std::cout << "Fashion-MNIST: " << train.labels.size(0) << " training, " << test.labels.size(0)
             << " test images; MLP 784-128-64-10, Adam lr " << kLearningRate << ", batch "
             << batch_size << ", " << epochs << " epoch(s)\n";
