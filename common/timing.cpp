@@ -20,6 +20,13 @@ double Stopwatch::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
 Timing time_median(const std::function<void()>& work, const c10::Device& device, int warmup,
                    int runs) {
   for (int i = 0; i < warmup; ++i) work();
@@ -30,14 +37,11 @@ Timing time_median(const std::function<void()>& work, const c10::Device& device,
     work();
     seconds.push_back(watch.seconds());
   }
-  std::sort(seconds.begin(), seconds.end());
   Timing timing;
   timing.runs = static_cast<int>(seconds.size());
-  timing.min_s = seconds.front();
-  timing.max_s = seconds.back();
-  const size_t mid = seconds.size() / 2;
-  timing.median_s =
-      seconds.size() % 2 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
+  timing.min_s = *std::min_element(seconds.begin(), seconds.end());
+  timing.max_s = *std::max_element(seconds.begin(), seconds.end());
+  timing.median_s = median(seconds);
   return timing;
 }
 

@@ -1,9 +1,10 @@
-// timing.h defines: a stopwatch that synchronizes the device before reading the clock, and the
-// median of several timed runs after warm-up.
+// timing.h defines: a stopwatch that synchronizes the device before reading the clock, the
+// median of several timed runs after warm-up, and median() itself.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <vector>
 
 #include <c10/core/Device.h>  // defines: c10::Device
 
@@ -23,6 +24,9 @@ class Stopwatch {
   c10::Device device_;
   std::chrono::steady_clock::time_point start_;
 };
+
+/// The median of `values` (the mean of the middle two for an even count); 0 when empty.
+double median(std::vector<double> values);
 
 /// Median, fastest and slowest of `runs` timings of `work`, after `warmup` untimed calls.
 struct Timing {

@@ -324,3 +324,10 @@ TEST(Regression, SeededAndRecoverable) {
   EXPECT_LT((solution.slice(0, 0, 8) - a.weight).abs().max().item<double>(), 0.01);
   EXPECT_NEAR(solution[8].item<double>(), a.bias, 0.01);
 }
+
+// Tests the median for odd, even and empty inputs.
+TEST(Timing, Median) {
+  EXPECT_EQ(course::median({3.0, 1.0, 2.0}), 2.0);
+  EXPECT_EQ(course::median({4.0, 1.0, 3.0, 2.0}), 2.5);
+  EXPECT_EQ(course::median({}), 0.0);
+}

@@ -22,12 +22,11 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/timing.h"  // defines: Stopwatch
+#include "common/timing.h"  // defines: Stopwatch, median
 #include "common/verdict.h" // defines: Verdict
 
 namespace lesson05 {
@@ -261,10 +260,9 @@ namespace {
 
 // Median seconds per epoch: the first epoch also pays for warm-up (allocator, kernel choice).
 double median_epoch_seconds(const lesson05::RunResult& run) {
-  std::vector<double> s;
-  for (const auto& e : run.epochs) s.push_back(e.seconds);
-  std::sort(s.begin(), s.end());
-  return s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
+  std::vector<double> seconds;
+  for (const auto& e : run.epochs) seconds.push_back(e.seconds);
+  return course::median(seconds);
 }
 
 }  // namespace
@@ -286,8 +284,9 @@ int lesson_main(int argc, char** argv) {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
 
-  course::ImageSet train = course::load_fashion_mnist(course::find_fashion_mnist(options.data_dir), true);
-  const course::ImageSet test = course::load_fashion_mnist(course::find_fashion_mnist(options.data_dir), false);
+  const auto folder = course::find_fashion_mnist(options.data_dir);
+  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
+  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
   if (options.quick) train = take(train, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
   // The 0.85 bar is for the full run (all images, >= 5 epochs, batches of <= 64); a shorter run

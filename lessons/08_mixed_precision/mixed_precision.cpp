@@ -26,7 +26,7 @@
 
 #include "common/autocast.h" // defines: AutocastGuard
 #include "common/cli.h"      // defines: Cli, start_lesson
-#include "common/timing.h"   // defines: Stopwatch
+#include "common/timing.h"   // defines: Stopwatch, median
 #include "common/verdict.h"  // defines: Verdict
 
 namespace lesson08 {
@@ -200,8 +200,7 @@ TrainResult train(const ModelSpec& spec, const std::string& precision,
     result.final_loss = loss_sum.item<double>() / static_cast<double>(n);
     seconds.push_back(watch.seconds());
   }
-  std::sort(seconds.begin(), seconds.end());
-  result.seconds_per_epoch = seconds[seconds.size() / 2];
+  result.seconds_per_epoch = course::median(seconds);
 
   model->eval();
   torch::NoGradGuard no_grad;
