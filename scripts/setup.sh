@@ -1,11 +1,34 @@
 #!/usr/bin/env bash
-# setup.sh: installs the Debian packages the course needs (only those missing), with sudo when
-# not root, and makes sure LibTorch runs on OpenBLAS (OpenMP flavour) rather than the reference
-# BLAS, which is about 30x slower. Safe to run again.
+# setup.sh: installs what the flavour GPU_LESSONS_TORCH names needs (only what is missing), with
+# sudo when not root. Safe to run again.
+#   debian  Debian's packages: libtorch-dev (LibTorch 1.13, CPU) and python3-torch (the same
+#           build, for the Python yardstick and the tests that read files Python wrote), and
+#           OpenBLAS (OpenMP) selected as the system BLAS: LibTorch runs on whatever BLAS the
+#           system provides, and the reference BLAS is about 30x slower.
+#   2.11    torch==2.11.0 from PyPI (CUDA 13) in the project's virtual environment .venv; needs
+#           the CUDA toolkit of the same major version (nvcc on the PATH) to configure.
+#   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
+# Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/scripts/flavour.sh"
+venv=$root/.venv
+torch_pin=2.11.0
 
-packages=(cmake g++ ninja-build libtorch-dev libgtest-dev libbenchmark-dev libcli11-dev
-          zlib1g-dev doxygen dataset-fashion-mnist libopenblas0-openmp)
+if [ "$flavour" = auto ]; then
+  if python3 -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
+    flavour=installed
+  else
+    flavour=debian
+  fi
+fi
+
+packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
+          dataset-fashion-mnist)
+case "$flavour" in
+  debian) packages+=(libtorch-dev python3-torch libopenblas0-openmp) ;;
+  2.11) packages+=(python3-venv) ;;
+esac
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"
@@ -25,16 +48,50 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
-# libblas.so.3 is chosen by update-alternatives. The reference BLAS would make every CPU figure
-# of the course meaningless; OpenBLAS's pthread flavour oversubscribes the cores when LibTorch
-# runs its own threads too. Select the OpenMP flavour unless the user chose another optimized one.
-blas=/usr/lib/x86_64-linux-gnu/libblas.so.3
-openmp=/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
-current=$(readlink -f "$blas" || true)
-case "$current" in
-  */openblas-openmp/*) ;;
-  */blas/libblas.so.3*|"")
-    echo "setup: selecting OpenBLAS (OpenMP) instead of the reference BLAS"
-    as_root update-alternatives --set libblas.so.3-x86_64-linux-gnu "$openmp" >/dev/null ;;
-  *) echo "setup: note: libblas.so.3 is $current (the course is measured with $openmp)" ;;
-esac
+if [ "$flavour" = debian ]; then
+  # libblas.so.3 is chosen by update-alternatives. The reference BLAS would make every CPU figure
+  # of the course meaningless; OpenBLAS's pthread flavour oversubscribes the cores when LibTorch
+  # runs its own threads too. Select the OpenMP flavour unless the user chose another optimized one.
+  blas=/usr/lib/x86_64-linux-gnu/libblas.so.3
+  openmp=/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
+  current=$(readlink -f "$blas" || true)
+  case "$current" in
+    */openblas-openmp/*) ;;
+    */blas/libblas.so.3*|"")
+      echo "setup: selecting OpenBLAS (OpenMP) instead of the reference BLAS"
+      as_root update-alternatives --set libblas.so.3-x86_64-linux-gnu "$openmp" >/dev/null ;;
+    *) echo "setup: note: libblas.so.3 is $current (the course is measured with $openmp)" ;;
+  esac
+fi
+
+if [ "$flavour" = 2.11 ]; then
+  have=$("$venv/bin/python" -c 'import numpy, torch; print(torch.__version__)' 2>/dev/null || true)
+  if [ "${have%%+*}" != "$torch_pin" ]; then
+    echo "setup: installing torch==$torch_pin from PyPI into $venv (about 3 GB to download)"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q "torch==$torch_pin" numpy
+  fi
+fi
+
+if [ "$flavour" = 2.11 ] || [ "$flavour" = installed ]; then
+  # A CUDA LibTorch's CMake config needs the CUDA toolkit, of the major version it was built with.
+  python=$([ "$flavour" = 2.11 ] && echo "$venv/bin/python" || echo python3)
+  torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")')
+  if [ -n "$torch_cuda" ]; then
+    if ! command -v nvcc >/dev/null; then
+      echo "setup: this PyTorch is built with CUDA $torch_cuda; configuring against it needs the" \
+           "CUDA $torch_cuda toolkit (nvcc), and nvcc is not on the PATH" >&2
+      echo "HINT: install NVIDIA's CUDA $torch_cuda toolkit and add its bin/ to the PATH" \
+           "(export PATH=/usr/local/cuda/bin:\$PATH), or use GPU_LESSONS_TORCH=debian" >&2
+      exit 2
+    fi
+    nvcc_cuda=$(nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
+    if [ "${nvcc_cuda%%.*}" != "${torch_cuda%%.*}" ]; then
+      echo "setup: PyTorch is built with CUDA $torch_cuda, but nvcc ($(command -v nvcc)) is CUDA" \
+           "$nvcc_cuda: code compiled against the wrong headers reads CUDA's structs wrongly" >&2
+      echo "HINT: put the CUDA ${torch_cuda%%.*}.x toolkit's nvcc first on the PATH" >&2
+      exit 2
+    fi
+  fi
+fi
