@@ -4,10 +4,10 @@
 #include "common/autocast.h"
 
 #include <ATen/autocast_mode.h>  // defines: at::autocast::*
-#include <torch/version.h>       // defines: TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR
 
-#define GPU_LESSONS_AUTOCAST_BY_DEVICE_TYPE \
-  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+#include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
+
+#define GPU_LESSONS_AUTOCAST_BY_DEVICE_TYPE GPU_LESSONS_TORCH_AT_LEAST(2, 4)
 
 namespace course {
 namespace {

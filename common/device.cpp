@@ -3,12 +3,13 @@
 
 #include <cstdio>
 #include <regex>
+#include <stdexcept>
 
 #include <torch/cuda.h>     // defines: torch::cuda::is_available, device_count, synchronize
 #include <ATen/Parallel.h>  // defines: at::get_num_threads
 
 #ifdef GPU_LESSONS_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>  // defines: at::cuda::getDeviceProperties
+#include <cuda_runtime_api.h>  // defines: cudaDeviceGetAttribute, cudaGetDeviceProperties
 #endif
 
 #include "common/verdict.h"  // defines: UsageError
@@ -63,18 +64,43 @@ DeviceChoice resolve_device(const std::string& spec) {
                    "use one of: auto, cpu, cuda, cuda:N (N = GPU index, from 0)");
 }
 
+#ifdef GPU_LESSONS_WITH_CUDA
+namespace {
+
+// Throws with CUDA's own words when a runtime call fails, and clears the error it leaves set.
+void check_cuda(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
+  throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
+}
+
+int attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  check_cuda(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+}  // namespace
+#endif
+
 std::vector<GpuInfo> list_gpus() {
   std::vector<GpuInfo> gpus;
 #ifdef GPU_LESSONS_WITH_CUDA
   for (int i = 0; i < cuda_device_count(); ++i) {
-    const auto* prop = at::cuda::getDeviceProperties(i);
     GpuInfo info;
     info.index = i;
-    info.name = prop->name;
-    info.major = prop->major;
-    info.minor = prop->minor;
-    info.total_bytes = static_cast<std::int64_t>(prop->totalGlobalMem);
-    info.multiprocessors = prop->multiProcessorCount;
+    // Integer properties one by one: cudaDeviceGetAttribute's interface does not depend on the
+    // layout of cudaDeviceProp, which changes between CUDA major versions.
+    info.major = attribute(cudaDevAttrComputeCapabilityMajor, i);
+    info.minor = attribute(cudaDevAttrComputeCapabilityMinor, i);
+    info.multiprocessors = attribute(cudaDevAttrMultiProcessorCount, i);
+    // The name and total memory have no attribute. This struct comes from the toolkit headers
+    // this file was compiled with, filled by a CUDA runtime of the same major version (configure
+    // insists that the toolkit and LibTorch's CUDA agree), so its layout is the right one.
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties");
+    info.name = prop.name;
+    info.total_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
     gpus.push_back(info);
   }
 #endif

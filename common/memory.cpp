@@ -9,12 +9,14 @@
 #include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
 
 #ifdef GPU_LESSONS_WITH_CUDA
+#include <ATen/Context.h>                   // defines: at::globalContext (lazy CUDA init)
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
 #include <c10/cuda/CUDAGuard.h>             // defines: c10::cuda::CUDAGuard
 #include <cuda_runtime_api.h>               // defines: cudaMemGetInfo
 #endif
 
 #include "common/device.h"
+#include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 
 namespace course {
 namespace {
@@ -107,6 +109,21 @@ void set_cpu_memory_budget(std::int64_t bytes) { counters().budget.store(bytes);
 // ---------------------------------------------------------------------------------------------
 // Statistics
 
+#ifdef GPU_LESSONS_WITH_CUDA
+namespace {
+// The caching allocator exists only once LibTorch has initialised CUDA, which it does lazily, on
+// the first CUDA tensor; until then its statistics functions throw "Invalid device argument".
+// Reading memory before any allocation is legitimate (a baseline), so initialise first.
+void init_cuda_allocator() {
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 6)
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+  at::globalContext().lazyInitCUDA();
+#endif
+}
+}  // namespace
+#endif
+
 MemoryStats memory_stats(const c10::Device& device) {
   MemoryStats stats;
   if (device.is_cpu()) {
@@ -117,6 +134,7 @@ MemoryStats memory_stats(const c10::Device& device) {
   }
 #ifdef GPU_LESSONS_WITH_CUDA
   if (device.is_cuda()) {
+    init_cuda_allocator();
     // Index 0 of each StatArray is the aggregate over small and large pools.
     const auto cuda = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     stats.allocated = cuda.allocated_bytes[0].current;
@@ -137,6 +155,7 @@ void reset_peak_memory(const c10::Device& device) {
   }
 #ifdef GPU_LESSONS_WITH_CUDA
   if (device.is_cuda()) {
+    init_cuda_allocator();
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
     c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());
   }
@@ -145,7 +164,10 @@ void reset_peak_memory(const c10::Device& device) {
 
 void empty_cache(const c10::Device& device) {
 #ifdef GPU_LESSONS_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+  if (device.is_cuda()) {
+    init_cuda_allocator();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
 #endif
   (void)device;
 }
@@ -156,10 +178,14 @@ DeviceMemory device_memory(const c10::Device& device) {
   if (device.is_cuda()) {
     c10::cuda::CUDAGuard guard(device.index());
     size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-      memory.free = static_cast<std::int64_t>(free_bytes);
-      memory.total = static_cast<std::int64_t>(total_bytes);
+    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it, or the next kernel launch would report it
+      TORCH_CHECK(false, "cudaMemGetInfo on ", device.str(), " failed: ",
+                  cudaGetErrorString(status));
     }
+    memory.free = static_cast<std::int64_t>(free_bytes);
+    memory.total = static_cast<std::int64_t>(total_bytes);
   }
 #endif
   (void)device;

@@ -20,7 +20,8 @@ struct MemoryStats {
   std::int64_t allocations = 0;     ///< allocation calls since the last reset_peak_memory()
 };
 
-/// The statistics of `device` (CPU: zeros until install_counting_cpu_allocator()).
+/// The statistics of `device` (CPU: zeros until install_counting_cpu_allocator(); CUDA:
+/// initialises CUDA first if nothing has yet, so a baseline can be read before any tensor).
 MemoryStats memory_stats(const c10::Device& device);
 
 /// Starts a new peak (and allocation count) from the current usage.
@@ -29,7 +30,8 @@ void reset_peak_memory(const c10::Device& device);
 /// Returns cached, unused blocks to the driver (CUDA); nothing to do on the CPU.
 void empty_cache(const c10::Device& device);
 
-/// Free and total memory of a CUDA device as the driver sees it (zeros on the CPU).
+/// Free and total memory of a CUDA device as the driver sees it (zeros on the CPU). Throws
+/// c10::Error with CUDA's message when the driver cannot tell.
 struct DeviceMemory {
   std::int64_t free = 0;
   std::int64_t total = 0;

@@ -65,13 +65,16 @@ class BatchesLoader final : public Loader {
     if (cursor_ >= size()) return false;
     const torch::Tensor idx = order_.slice(0, cursor_, cursor_ + batch_size_);
     cursor_ += batch_size_;
-    torch::Tensor images = images_.index_select(0, idx);  // gathered by the CPU
-    torch::Tensor labels = labels_.index_select(0, idx);
-    if (pinned_) {
-      // Page-locked memory lets the copy engine read it directly and the copy run async.
-      images = images.pin_memory();
-      labels = labels.pin_memory();
-    }
+    const std::int64_t n = idx.size(0);
+    // On CUDA the CPU gathers the batch straight into page-locked (pinned) memory: the copy
+    // engine reads it directly, so the copy below is asynchronous and overlaps the CPU's work on
+    // the next batch. The buffers are reused, not pinned anew: LibTorch's pinned-memory allocator
+    // caches freed blocks, and records an event on each non_blocking copy so that a block is
+    // handed out again only once the copy reading it has finished.
+    torch::Tensor images = torch::empty({n, kPixels}, images_.options().pinned_memory(pinned_));
+    torch::Tensor labels = torch::empty({n}, labels_.options().pinned_memory(pinned_));
+    torch::index_select_out(images, images_, 0, idx);  // gathered by the CPU
+    torch::index_select_out(labels, labels_, 0, idx);
     batch.images = images.to(device_, /*non_blocking=*/pinned_);
     batch.labels = labels.to(device_, /*non_blocking=*/pinned_);
     return true;

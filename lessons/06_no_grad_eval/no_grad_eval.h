@@ -41,7 +41,8 @@ struct PassFacts {
   std::int64_t kept_bytes = 0;  ///< memory still held after it, while its logits are alive
   double median_s = 0;          ///< median time of a pass
 };
-/// Runs the pass in eval mode, measuring peak memory with common/'s meter and time.
+/// Runs the pass in eval mode after one warm-up batch, measuring peak memory with common/'s
+/// meter and time.
 PassFacts measure_pass(Classifier& model, const torch::Tensor& x, Mode mode,
                        const torch::Device& device, int timed_runs = kTimedRuns);
 
