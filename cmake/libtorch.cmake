@@ -32,8 +32,13 @@ include(${CMAKE_CURRENT_LIST_DIR}/torch_helpers.cmake)
 # libraries (c10, ...) in the default places first and in its own folder last, so on a machine
 # that also has Debian's libtorch-dev a wheel's config would pick up Debian's Caffe2 targets and
 # 1.13 libc10.so: a mixed build that breaks at link or run time. Pin Caffe2's config and ignore
-# the system prefixes (usrmerge makes / and /usr the same) while it runs.
-macro(gpu_lessons_find_torch_in prefix)
+# the system prefixes (usrmerge makes / and /usr the same) while it runs. `cuda` is the CUDA
+# version the install was built with ("" for a CPU build, "unknown" when it cannot be read):
+# its toolkit is checked before the config runs.
+macro(gpu_lessons_find_torch_in prefix cuda)
+  if(NOT "${cuda}" STREQUAL "" AND NOT "${cuda}" STREQUAL "unknown")
+    gpu_lessons_require_cuda_toolkit(${cuda})
+  endif()
   set(Caffe2_DIR "${prefix}/Caffe2" CACHE PATH "Caffe2's config, next to Torch's" FORCE)
   set(_saved_ignore "${CMAKE_IGNORE_PREFIX_PATH}")
   list(APPEND CMAKE_IGNORE_PREFIX_PATH /usr /)
@@ -42,22 +47,27 @@ macro(gpu_lessons_find_torch_in prefix)
 endmacro()
 
 # The system's LibTorch (Debian's packages): not from CMAKE_PREFIX_PATH or a Python package, for
-# Torch and for the Caffe2 config and libraries its config looks up in turn.
+# Torch and for the Caffe2 config and libraries its config looks up in turn. The system's Python
+# is the same build when its torch has the same version (Debian's python3-torch).
 macro(gpu_lessons_find_system_torch)
   set(CMAKE_FIND_USE_CMAKE_PATH FALSE)
   set(CMAKE_FIND_USE_CMAKE_ENVIRONMENT_PATH FALSE)
   find_package(Torch CONFIG QUIET PATHS /usr NO_DEFAULT_PATH)
   unset(CMAKE_FIND_USE_CMAKE_PATH)
   unset(CMAKE_FIND_USE_CMAKE_ENVIRONMENT_PATH)
+  find_program(_system_python NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH NO_CACHE)
+  if(Torch_FOUND AND _system_python)
+    gpu_lessons_query_python_torch(${_system_python} _ok _version _cuda _prefix)
+    if(_ok AND _version VERSION_EQUAL Torch_VERSION)
+      set(_python_torch ${_system_python})
+    endif()
+  endif()
 endmacro()
 
 # The LibTorch inside the PyTorch that gpu_lessons_query_python_torch() described in _python,
-# _version, _cuda and _prefix: its toolkit checked first, then found from that install only.
+# _version, _cuda and _prefix.
 macro(gpu_lessons_find_python_torch)
-  if(_cuda)
-    gpu_lessons_require_cuda_toolkit(${_cuda})
-  endif()
-  gpu_lessons_find_torch_in("${_prefix}")
+  gpu_lessons_find_torch_in("${_prefix}" "${_cuda}")
   set(GPU_LESSONS_TORCH_ORIGIN "PyTorch ${_version} in ${_python}")
   set(_python_torch ${_python})
 endmacro()
@@ -75,13 +85,6 @@ elseif(GPU_LESSONS_TORCH STREQUAL "debian")
     message(FATAL_ERROR "The debian flavour builds against Debian's LibTorch (under /usr), and "
       "found '${Torch_DIR}'.\n"
       "HINT: GPU_LESSONS_TORCH=debian scripts/setup.sh (or: sudo apt-get install libtorch-dev)")
-  endif()
-  find_program(_system_python NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH NO_CACHE)
-  if(_system_python)
-    gpu_lessons_query_python_torch(${_system_python} _ok _version _cuda _prefix)
-    if(_ok AND _version VERSION_EQUAL Torch_VERSION)
-      set(_python_torch ${_system_python})
-    endif()
   endif()
 elseif(GPU_LESSONS_TORCH STREQUAL "2.11")
   set(_python "${GPU_LESSONS_PYTHON}")
@@ -122,11 +125,8 @@ else()  # auto
   endif()
   if(_torch_config_dir AND NOT _torch_config_dir MATCHES "^/usr/")
     gpu_lessons_torch_dir_cuda("${_torch_config_dir}" _cuda)
-    if(_cuda AND NOT _cuda STREQUAL "unknown")
-      gpu_lessons_require_cuda_toolkit(${_cuda})
-    endif()
     get_filename_component(_torch_prefix "${_torch_config_dir}/.." ABSOLUTE)
-    gpu_lessons_find_torch_in("${_torch_prefix}")
+    gpu_lessons_find_torch_in("${_torch_prefix}" "${_cuda}")
     set(GPU_LESSONS_TORCH_ORIGIN "Torch_DIR / CMAKE_PREFIX_PATH")
   endif()
   if(NOT Torch_FOUND)
