@@ -8,7 +8,8 @@
 #   2.11    torch==2.11.0 from PyPI (CUDA 13) in the project's virtual environment .venv; needs
 #           the CUDA toolkit of the same major version (nvcc on the PATH) to configure.
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
-# Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST.
+# Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
+# Gloo's headers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"
@@ -23,8 +24,10 @@ if [ "$flavour" = auto ]; then
   fi
 fi
 
+# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lesson 09, CPU ranks);
+# neither LibTorch flavour ships them.
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
-          dataset-fashion-mnist)
+          dataset-fashion-mnist libgloo-dev python3)
 case "$flavour" in
   debian) packages+=(libtorch-dev python3-torch libopenblas0-openmp) ;;
   2.11) packages+=(python3-venv) ;;

@@ -1,0 +1,140 @@
+// data_parallel.h: what lesson 09 teaches, callable from its tests and benchmarks.
+// See data_parallel.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/c10d.h"  // defines: course::CommGroup (c10d::Backend, or ProcessGroup on 1.13)
+#include "common/data.h"  // defines: course::ImageSet
+#include "training_loop.h"  // defines: lesson05's Mlp, Trainer, kLearningRate (the model trained)
+
+namespace lesson09 {
+
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 9;
+constexpr int kReplicas = 2;               // part 1 on the CPU: replicas, one thread each
+constexpr std::int64_t kPart1Batch = 512;  // part 1: one batch, split across the replicas
+constexpr int kPart1TimedSteps = 20;       // part 1: steps timed per phase (median)
+constexpr int kEpochs = lesson05::kEpochs; // part 2: as lesson 05
+constexpr std::int64_t kBatchPerRank = 64; // part 2: a global step takes world_size x this
+constexpr int kTimeoutSeconds = 120;       // a rank that dies or never arrives: give up after this
+constexpr double kAccuracyBar = lesson05::kAccuracyBar;
+constexpr int kQuickEpochs = 1;
+constexpr std::int64_t kQuickSamples = lesson05::kQuickSamples;
+constexpr double kQuickAccuracyBar = lesson05::kQuickAccuracyBar;
+
+/// The largest difference allowed between two ways of computing the same fp32 (or fp64) sums,
+/// which differ only in the order of additions.
+double tolerance_for(torch::ScalarType dtype);
+/// Largest |a - b| over two lists of tensors of the same shapes.
+double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
+/// ||a - b|| / ||b|| (L2 norms) of two tensors of the same shape.
+double relative_diff(const torch::Tensor& a, const torch::Tensor& b);
+
+// ---- part 1: DataParallel in one process --------------------------------------------------------
+/// Lesson 05's 784-128-64-10 MLP as a Sequential: Sequential is Cloneable, which replicate needs.
+torch::nn::Sequential make_model(std::uint64_t seed);
+
+/// Seconds spent in each of DataParallel's steps.
+struct PhaseSeconds {
+  double replicate = 0;  ///< clone the master model onto every replica's device
+  double scatter = 0;    ///< split the batch, one chunk per replica
+  double apply = 0;      ///< forward on every replica at once, one thread each
+  double gather = 0;     ///< outputs back onto the master's device, concatenated
+  double backward = 0;   ///< loss and backward through every replica
+  double reduce = 0;     ///< replicas' gradients summed onto the master's parameters
+  double total() const { return replicate + scatter + apply + gather + backward + reduce; }
+};
+
+/// A training step's loss and the master parameters' gradients (in parameters() order).
+struct StepResult {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> gradients;
+  PhaseSeconds seconds;
+};
+
+/// One DataParallel step on `model` (left with the summed gradients), one replica per entry of
+/// `devices` (a device may repeat: replicas then share it).
+StepResult data_parallel_step(torch::nn::Sequential& model, const torch::Tensor& images,
+                              const torch::Tensor& labels,
+                              const std::vector<torch::Device>& devices);
+/// The reference: the same step on one model and the whole batch.
+StepResult single_model_step(torch::nn::Sequential& model, const torch::Tensor& images,
+                             const torch::Tensor& labels);
+
+// ---- part 2: one process per device (c10d) ------------------------------------------------------
+/// Where this process stands in a job, as PyTorch's launcher (torchrun) tells it.
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True: the launcher hosts the store
+  int restart_count = 0;     ///< TORCHELASTIC_RESTART_COUNT
+};
+/// The job this process is a rank of, from its environment: nothing when WORLD_SIZE is unset (a
+/// plain run); UsageError naming the variable when one is missing or out of range.
+std::optional<RankInfo> rank_from_environment();
+
+/// The rendezvous: a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or by the launcher),
+/// every rank waiting at most `timeout` for the others. CourseError with a HINT when the address
+/// cannot be reached, the port is taken or a rank never arrives.
+c10::intrusive_ptr<c10d::Store> connect_store(const RankInfo& info,
+                                              std::chrono::milliseconds timeout);
+/// The communication group over `store`: NCCL for a CUDA device, Gloo for the CPU.
+c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int world_size,
+                                                 const torch::Device& device,
+                                                 std::chrono::milliseconds timeout);
+/// The backend make_group picks for `device` ("gloo" or "nccl"), or why none can serve it.
+std::string backend_for(const torch::Device& device, std::string* why_not = nullptr);
+
+/// The epoch's shuffled order of `samples` indices: the same on every rank (seed and epoch only).
+torch::Tensor epoch_order(std::int64_t samples, std::uint64_t seed, int epoch);
+/// Global steps in an epoch of `samples` when each step takes world_size x batch_per_rank.
+std::int64_t steps_per_epoch(std::int64_t samples, int world_size, std::int64_t batch_per_rank);
+/// Rank `rank`'s slice of global step `step` of `order`: its own batch_per_rank positions, never
+/// another rank's (the last step may leave a rank fewer samples, or none).
+torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int rank,
+                            int world_size, std::int64_t batch_per_rank);
+
+/// Rank 0's parameters to every rank, in place (one collective on the flat tensor).
+void broadcast_parameters(course::CommGroup& group, torch::Tensor& flat_values);
+/// Every rank's gradients summed, in place, on every rank (one collective on the flat tensor).
+void allreduce_gradients(course::CommGroup& group, torch::Tensor& flat_gradients);
+/// A 64-bit checksum of a tensor's bytes (FNV-1a): equal checksums, bitwise-equal tensors.
+std::uint64_t checksum(const torch::Tensor& tensor);
+/// The smallest and largest of every rank's `value`.
+std::pair<std::uint64_t, std::uint64_t> min_max_across_ranks(course::CommGroup& group,
+                                                             std::uint64_t value,
+                                                             const torch::Device& device);
+
+/// One epoch's figures, the same on every rank (the loss is all-reduced).
+struct EpochStats {
+  double mean_loss = 0;
+  double seconds = 0;
+  std::int64_t samples = 0;  ///< all ranks together
+};
+/// What a rank's training ends with.
+struct DistributedRun {
+  lesson05::Trainer trainer;
+  std::vector<EpochStats> epochs;
+  torch::Tensor after_first_epoch;  ///< a copy of the flat parameters after epoch 1
+};
+/// Trains lesson 05's MLP as rank `rank` of `world_size`: rank 0's initial parameters, this
+/// rank's shard of each global step, gradients all-reduced. With no group (nullptr) it is one
+/// process training with batch world_size x batch_per_rank: the reference.
+DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world_size,
+                                   const course::ImageSet& train, int epochs,
+                                   std::int64_t batch_per_rank, const torch::Device& device,
+                                   std::uint64_t seed, bool print_epochs);
+
+}  // namespace lesson09

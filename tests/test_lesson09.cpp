@@ -1,0 +1,341 @@
+// Tests of lesson 09: DataParallel's steps against one model, the sharding of an epoch across
+// ranks, the collectives on real c10d groups (Gloo ranks as threads of this process, meeting in a
+// HashStore or a TCPStore), the rendezvous errors, and two ranks against one process with the
+// global batch. The two-process runs (and a rank killed) are CTest tests of the binary itself.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "common/verdict.h"
+#include "data_parallel.h"
+#include "fashion_mnist_test.h"
+
+namespace {
+
+using lesson09::shard_indices;
+
+// Runs fn(rank) on `world` threads, each one rank, and rethrows the first failure.
+void on_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// A TCP port nobody listens on right now.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class GlooTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (lesson09::backend_for(torch::kCPU, &why).empty()) GTEST_SKIP() << why;
+  }
+  const std::chrono::milliseconds timeout{30000};
+};
+
+// Sets an environment variable for one test and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_.c_str(), old_->c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// ---- part 1 ---------------------------------------------------------------------------------------
+// Tests that a DataParallel step (replicas on CPU threads) gives one model's loss and gradients on
+// the whole batch, leaves them on the master's parameters, and does not touch its values.
+TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (int replicas : {2, 3}) {  // 3 does not divide the batch: chunks of 34, 34, 32
+      torch::nn::Sequential model = lesson09::make_model(1);
+      model->to(dtype);
+      torch::nn::Sequential reference =
+          std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
+      const std::vector<torch::Tensor> before = [&] {
+        std::vector<torch::Tensor> v;
+        for (const auto& p : model->parameters()) v.push_back(p.detach().clone());
+        return v;
+      }();
+      torch::manual_seed(2);
+      const torch::Tensor x = torch::randn({100, 784}, dtype);
+      const torch::Tensor y = torch::randint(10, {100}, torch::kLong);
+      const auto dp = lesson09::data_parallel_step(
+          model, x, y, std::vector<torch::Device>(replicas, torch::kCPU));
+      const auto one = lesson09::single_model_step(reference, x, y);
+      const double tol = lesson09::tolerance_for(dtype);
+      EXPECT_LE(std::abs(dp.loss.item<double>() - one.loss.item<double>()), tol);
+      EXPECT_LE(lesson09::max_abs_diff(dp.gradients, one.gradients), tol);
+      std::vector<torch::Tensor> grads, values;
+      for (const auto& p : model->parameters()) {
+        grads.push_back(p.grad());
+        values.push_back(p.detach());
+      }
+      EXPECT_EQ(lesson09::max_abs_diff(grads, dp.gradients), 0.0);
+      EXPECT_EQ(lesson09::max_abs_diff(values, before), 0.0);
+      EXPECT_GT(dp.seconds.total(), 0.0);
+    }
+  }
+}
+
+// Tests that the tolerance follows the dtype, as the claims' checks use it.
+TEST(Lesson09DataParallel, ToleranceFollowsTheDtype) {
+  EXPECT_LT(lesson09::tolerance_for(torch::kDouble), lesson09::tolerance_for(torch::kFloat));
+  EXPECT_LT(lesson09::tolerance_for(torch::kFloat), lesson09::tolerance_for(torch::kBFloat16));
+}
+
+// ---- sharding ----------------------------------------------------------------------------------
+// Tests that across ranks and steps every sample of an epoch is taken exactly once, and that a
+// global step's shards, in rank order, are one process's batch of world x batch.
+TEST(Lesson09Sharding, EverySampleExactlyOncePerEpoch) {
+  for (std::int64_t samples : {1000, 1003, 60000}) {
+    for (int world : {1, 2, 3, 4}) {
+      for (std::int64_t batch : {7, 64}) {
+        const torch::Tensor order = lesson09::epoch_order(samples, 9, 0);
+        const std::int64_t steps = lesson09::steps_per_epoch(samples, world, batch);
+        std::vector<torch::Tensor> all;
+        for (std::int64_t s = 0; s < steps; ++s) {
+          std::vector<torch::Tensor> step;
+          for (int r = 0; r < world; ++r) step.push_back(shard_indices(order, s, r, world, batch));
+          const torch::Tensor together = torch::cat(step);
+          const torch::Tensor one_process = shard_indices(order, s, 0, 1, world * batch);
+          ASSERT_TRUE(torch::equal(together, one_process)) << samples << " " << world << " " << s;
+          all.push_back(together);
+        }
+        EXPECT_TRUE(torch::equal(std::get<0>(torch::cat(all).sort()), torch::arange(samples)))
+            << samples << " samples, world " << world << ", batch " << batch;
+        // No step beyond the last one, and the last one is not empty.
+        EXPECT_EQ(shard_indices(order, steps, 0, world, batch).numel(), 0);
+        EXPECT_GT(shard_indices(order, steps - 1, 0, world, batch).numel(), 0);
+      }
+    }
+  }
+}
+
+// Tests that the order depends on the seed and the epoch only: every rank draws the same one.
+TEST(Lesson09Sharding, SameOrderOnEveryRankNewEachEpoch) {
+  const torch::Tensor a = lesson09::epoch_order(500, 9, 3);
+  torch::manual_seed(123);  // the global generator plays no part
+  EXPECT_TRUE(torch::equal(a, lesson09::epoch_order(500, 9, 3)));
+  EXPECT_FALSE(torch::equal(a, lesson09::epoch_order(500, 9, 4)));
+  EXPECT_FALSE(torch::equal(a, lesson09::epoch_order(500, 10, 3)));
+}
+
+// ---- the environment ---------------------------------------------------------------------------
+// Tests that a plain run is no job, and that torchrun's variables are read and checked.
+TEST(Lesson09Environment, ReadsWhatTheLauncherSets) {
+  {
+    ScopedEnv world("WORLD_SIZE", nullptr);
+    EXPECT_FALSE(lesson09::rank_from_environment().has_value());
+  }
+  ScopedEnv world("WORLD_SIZE", "4"), rank("RANK", "3"), local("LOCAL_RANK", "1"),
+      local_world("LOCAL_WORLD_SIZE", "2"), addr("MASTER_ADDR", "10.1.2.3"),
+      port("MASTER_PORT", "29999"), agent("TORCHELASTIC_USE_AGENT_STORE", "True"),
+      restarts("TORCHELASTIC_RESTART_COUNT", "2");
+  const auto info = lesson09::rank_from_environment();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->world_size, 4);
+  EXPECT_EQ(info->rank, 3);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->local_world_size, 2);
+  EXPECT_EQ(info->master_addr, "10.1.2.3");
+  EXPECT_EQ(info->master_port, 29999);
+  EXPECT_TRUE(info->agent_store);
+  EXPECT_EQ(info->restart_count, 2);
+}
+
+// Tests that a missing RANK, or one past the world size, is a usage error naming the variable.
+TEST(Lesson09Environment, BadValuesAreUsageErrors) {
+  ScopedEnv world("WORLD_SIZE", "2");
+  {
+    ScopedEnv rank("RANK", nullptr);
+    EXPECT_THROW(lesson09::rank_from_environment(), course::UsageError);
+  }
+  for (const char* bad : {"2", "-1", "one"}) {
+    ScopedEnv rank("RANK", bad);
+    try {
+      lesson09::rank_from_environment();
+      ADD_FAILURE() << "RANK=" << bad << " accepted";
+    } catch (const course::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("RANK="), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---- the rendezvous ------------------------------------------------------------------------------
+// Tests that a rank whose MASTER_ADDR:MASTER_PORT has no store gives up after the timeout with a
+// HINT, instead of waiting forever.
+TEST_F(GlooTest, UnreachableRendezvousIsAClearError) {
+  lesson09::RankInfo info;
+  info.rank = 1;
+  info.world_size = 2;
+  info.master_port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    lesson09::connect_store(info, std::chrono::milliseconds(1500));
+    ADD_FAILURE() << "connected to nothing";
+  } catch (const course::CourseError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reach the rendezvous"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.hint().find("MASTER_ADDR"), std::string::npos);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// Tests that rank 0 cannot host the store on a port already taken, and says so.
+TEST_F(GlooTest, PortInUseIsAClearError) {
+  const int port = free_port();
+  c10d::TCPStoreOptions taken;
+  taken.port = static_cast<std::uint16_t>(port);
+  taken.isServer = true;
+  taken.waitWorkers = false;
+  auto holder = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", taken);
+  lesson09::RankInfo info;
+  info.world_size = 2;
+  info.master_port = port;
+  try {
+    lesson09::connect_store(info, std::chrono::milliseconds(2000));
+    ADD_FAILURE() << "hosted a second store on port " << port;
+  } catch (const course::CourseError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("MASTER_PORT"), std::string::npos);
+  }
+}
+
+// ---- the collectives ---------------------------------------------------------------------------
+// Tests the flat all-reduce, the broadcast and the cross-rank min/max on a real Gloo group of
+// three ranks meeting through a TCPStore, as the lesson's ranks do.
+TEST_F(GlooTest, FlatAllreduceAndBroadcast) {
+  constexpr int kWorld = 3;
+  const int port = free_port();
+  on_ranks(kWorld, [&](int rank) {
+    lesson09::RankInfo info;
+    info.rank = rank;
+    info.world_size = kWorld;
+    info.master_port = port;
+    auto group = lesson09::make_group(lesson09::connect_store(info, timeout), rank, kWorld,
+                                      torch::kCPU, timeout);
+    // Gradients: rank r holds (r + 1) * [0, 1, 2, ...]; the sum is 6 * [0, 1, 2, ...].
+    torch::Tensor grads = torch::arange(1000, torch::kFloat) * static_cast<float>(rank + 1);
+    lesson09::allreduce_gradients(*group, grads);
+    EXPECT_TRUE(torch::equal(grads, torch::arange(1000, torch::kFloat) * 6.0f)) << rank;
+    // Parameters: rank 0's arrive everywhere, in place.
+    torch::Tensor values = torch::full({10}, static_cast<float>(rank));
+    lesson09::broadcast_parameters(*group, values);
+    EXPECT_TRUE(torch::equal(values, torch::zeros({10}))) << rank;
+    // Checksums: equal when the tensors are, told apart when one rank differs.
+    const auto same = lesson09::min_max_across_ranks(
+        *group, lesson09::checksum(torch::ones({5})), torch::kCPU);
+    EXPECT_EQ(same.first, same.second);
+    const auto differ = lesson09::min_max_across_ranks(
+        *group, lesson09::checksum(torch::full({5}, rank == 2 ? 1.0f + 1e-7f : 1.0f)),
+        torch::kCPU);
+    EXPECT_NE(differ.first, differ.second);
+  });
+}
+
+// Tests that the checksum sees a single changed bit.
+TEST(Lesson09Checksum, SeesOneBit) {
+  torch::Tensor a = torch::randn({1000});
+  torch::Tensor b = a.clone();
+  EXPECT_EQ(lesson09::checksum(a), lesson09::checksum(b));
+  torch::Tensor bits = b.view(torch::kInt);
+  bits[500] = bits[500].bitwise_xor(1);  // one bit of one float
+  EXPECT_NE(lesson09::checksum(a), lesson09::checksum(b));
+}
+
+// ---- part 2 against the reference --------------------------------------------------------------
+class Lesson09Training : public FashionMnistTest {
+ protected:
+  void SetUp() override {
+    FashionMnistTest::SetUp();
+    if (IsSkipped()) return;
+    std::string why;
+    if (lesson09::backend_for(torch::kCPU, &why).empty()) GTEST_SKIP() << why;
+  }
+};
+
+// Tests that two ranks (threads, Gloo over a HashStore) end bitwise identical, and equal one
+// process training with the global batch on the same order, as the lesson claims.
+TEST_F(Lesson09Training, TwoRanksEqualOneProcessWithTheGlobalBatch) {
+  constexpr int kWorld = 2;
+  constexpr std::int64_t kBatch = 32;
+  const course::ImageSet data = lesson05::take(train(), 3000);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const std::chrono::milliseconds timeout(60000);
+  std::vector<torch::Tensor> finals(kWorld);
+  on_ranks(kWorld, [&](int rank) {
+    auto group = lesson09::make_group(store, rank, kWorld, torch::kCPU, timeout);
+    auto run = lesson09::train_data_parallel(group.get(), rank, kWorld, data, 1, kBatch,
+                                             torch::kCPU, lesson09::kSeed, false);
+    finals[rank] = run.trainer.flat.values;
+  });
+  EXPECT_TRUE(torch::equal(finals[0], finals[1]));
+  const auto reference = lesson09::train_data_parallel(nullptr, 0, 1, data, 1, kWorld * kBatch,
+                                                       torch::kCPU, lesson09::kSeed, false);
+  const double d = lesson09::relative_diff(finals[0], reference.trainer.flat.values);
+  EXPECT_LE(d, 1e-4);
+  // ...and that it is not equal by accident: another global batch trains differently.
+  const auto other = lesson09::train_data_parallel(nullptr, 0, 1, data, 1, kBatch, torch::kCPU,
+                                                   lesson09::kSeed, false);
+  EXPECT_GT(lesson09::relative_diff(finals[0], other.trainer.flat.values), 100 * d);
+}
+
+// Tests that a rank with no samples in the last step (more ranks than samples left) still takes
+// part in the all-reduce, so nobody waits for it.
+TEST_F(Lesson09Training, ARankWithAnEmptyLastShardKeepsStep) {
+  constexpr int kWorld = 3;
+  // Batches of 8 per rank: the last global step has 2 samples, all on rank 0.
+  const course::ImageSet data = lesson05::take(train(), 50);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::uint64_t> sums(kWorld);
+  on_ranks(kWorld, [&](int rank) {
+    auto group = lesson09::make_group(store, rank, kWorld, torch::kCPU, std::chrono::seconds(60));
+    auto run = lesson09::train_data_parallel(group.get(), rank, kWorld, data, 2, 8, torch::kCPU,
+                                             lesson09::kSeed, false);
+    sums[rank] = lesson09::checksum(run.trainer.flat.values);
+  });
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_EQ(sums[1], sums[2]);
+}
+
+}  // namespace
