@@ -170,9 +170,11 @@ StepResult data_parallel_step(torch::nn::Sequential& model, const torch::Tensor&
 
   // The gradients land on the replicas' parameters: sum them onto the master's.
   std::vector<torch::Tensor> params = model->parameters();
+  std::vector<std::vector<torch::Tensor>> replica_params;
+  for (auto& replica : replicas) replica_params.push_back(replica->parameters());
   for (size_t p = 0; p < params.size(); ++p) {
     torch::Tensor sum = torch::zeros_like(params[p]);
-    for (auto& replica : replicas) sum += replica->parameters()[p].grad().to(master);
+    for (const auto& rp : replica_params) sum += rp[p].grad().to(master);
     params[p].mutable_grad() = sum;
     result.gradients.push_back(sum);
   }
@@ -423,7 +425,7 @@ DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world
                                    const course::ImageSet& train, int epochs,
                                    std::int64_t batch_per_rank, const torch::Device& device,
                                    std::uint64_t seed, bool print_epochs) {
-  DistributedRun run{seeded_trainer(device, seed), {}};
+  DistributedRun run{seeded_trainer(device, seed), {}, {}};
   lesson05::Trainer& t = run.trainer;
   // Every rank starts from rank 0's parameters (the seed already agrees; DDP makes sure).
   if (group != nullptr) broadcast_parameters(*group, t.flat.values);
@@ -578,14 +580,16 @@ void part1(const torch::Device& device, const course::ImageSet& train, std::uint
                "its own device\n";
 }
 
-// Part 2 as one rank of a job: train, compare across ranks and with the reference, evaluate.
-void part2(const RankInfo& info, const torch::Device& device, const course::ImageSet& train,
-          const course::ImageSet& test, int epochs, std::int64_t batch, std::uint64_t seed,
-          std::chrono::milliseconds timeout, double bar, course::Verdict& verdict) {
+// Part 2 as one rank of a job (`launched`: started as one, else a plain run's job of one) over
+// `backend`: train, compare across ranks and with the reference, evaluate.
+void part2(const RankInfo& info, bool launched, const std::string& backend,
+           const torch::Device& device, const course::ImageSet& train,
+           const course::ImageSet& test, int epochs, std::int64_t batch, std::uint64_t seed,
+           std::chrono::milliseconds timeout, double bar, course::Verdict& verdict) {
   std::printf("\n== Part 2: distributed data parallel, rank %d of %d (local rank %d) ==\n",
               info.rank, info.world_size, info.local_rank);
   c10::intrusive_ptr<c10d::Store> store;
-  if (info.world_size == 1 && std::getenv("WORLD_SIZE") == nullptr) {
+  if (!launched) {
     store = c10::make_intrusive<c10d::HashStore>();  // a job of one: nobody to meet
   } else {
     std::printf("rendezvous at %s:%d (%s), timeout %lld s\n", info.master_addr.c_str(),
@@ -597,7 +601,7 @@ void part2(const RankInfo& info, const torch::Device& device, const course::Imag
   }
   auto group = make_group(store, info.rank, info.world_size, device, timeout);
   std::printf("%s group of %d formed; batch %lld per rank, %lld per global step\n",
-              backend_for(device).c_str(), info.world_size, static_cast<long long>(batch),
+              backend.c_str(), info.world_size, static_cast<long long>(batch),
               static_cast<long long>(batch * info.world_size));
   std::fflush(stdout);
 
@@ -699,26 +703,29 @@ int lesson_main(int argc, char** argv) {
 
   course::Verdict verdict;
   std::string why;
-  if (backend_for(device, &why).empty()) {
+  const std::string backend = backend_for(device, &why);
+  if (backend.empty()) {
     std::cout << "part 2 needs a c10d backend for " << device.str() << ": " << why << '\n';
   }
   if (!job) {
     part1(device, train, options.seed, options.quick, verdict);
-    if (backend_for(device).empty()) {
+    if (backend.empty()) {
       verdict.waive("distributed training: " + why);
       return verdict.finish("lesson 09 on " + device.str());
     }
     std::cout << "\n(no WORLD_SIZE in the environment: part 2 runs as a job of one rank; "
                  "torchrun --no-python --nproc-per-node N runs N)\n";
-    part2(RankInfo{}, device, train, test, epochs, batch, options.seed, timeout, bar, verdict);
+    part2(RankInfo{}, /*launched=*/false, backend, device, train, test, epochs, batch,
+          options.seed, timeout, bar, verdict);
     return verdict.finish("lesson 09 on " + device.str());
   }
-  if (backend_for(device).empty()) {
+  if (backend.empty()) {
     throw course::CourseError("rank " + std::to_string(job->rank) + " cannot train on " +
                                   device.str() + ": " + why,
                               "build against a LibTorch with the backend, or pick --device");
   }
-  part2(*job, device, train, test, epochs, batch, options.seed, timeout, bar, verdict);
+  part2(*job, /*launched=*/true, backend, device, train, test, epochs, batch, options.seed,
+        timeout, bar, verdict);
   return verdict.finish("lesson 09 rank " + std::to_string(job->rank) + " of " +
                         std::to_string(job->world_size) + " on " + device.str());
 }
