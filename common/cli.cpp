@@ -56,6 +56,10 @@ void Cli::add_option(const std::string& flag, std::string& value, const std::str
   impl_->app.add_option(flag, value, help)->check(CLI::IsMember(choices))->capture_default_str();
 }
 
+void Cli::add_path(const std::string& flag, std::string& value, const std::string& help) {
+  impl_->app.add_option(flag, value, help)->type_name("PATH");
+}
+
 void Cli::add_flag(const std::string& flag, bool& value, const std::string& help) {
   impl_->app.add_flag(flag, value, help);
 }

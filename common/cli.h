@@ -36,6 +36,8 @@ class Cli {
                   double max);
   void add_option(const std::string& flag, std::string& value, const std::string& help,
                   const std::vector<std::string>& choices);
+  /// A file path (any string; the lesson checks it when it uses it).
+  void add_path(const std::string& flag, std::string& value, const std::string& help);
   void add_flag(const std::string& flag, bool& value, const std::string& help);
 
   /// Parses argv. Returns an exit code when the program must stop now (0 after --help,
