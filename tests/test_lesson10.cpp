@@ -1,8 +1,10 @@
 // Tests of lesson 10: exact resume, what a checkpoint restores, atomic saves under SIGKILL (a real
-// child process), bad checkpoints refused with the model untouched, device mapping (CUDA),
+// child process), bad checkpoints refused with the model untouched, device mapping (storages
+// recorded on cuda:0 loaded on the CPU; both ways on a real GPU),
 // state_dicts made and read by the real Python torch (skipped where none is installed), and
 // activation checkpointing (same gradients, RNG replay, parameters reached without an input
 // that requires grad, lower peak memory).
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -254,6 +256,48 @@ TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
     EXPECT_TRUE(torch::equal(victim.flat.values, before)) << path << " changed the model";
     EXPECT_EQ(victim.model->fc1->weight.data_ptr(), victim.flat.values.data_ptr());
   }
+}
+
+// Copies the zip at `from` to `to` with every storage's recorded device changed from "cpu" to
+// "cuda:0", as a GPU run records it (the string is pickled once and referred to after that).
+void tag_storages_cuda(const std::string& from, const std::string& to) {
+  caffe2::serialize::PyTorchStreamReader in(from);
+  caffe2::serialize::PyTorchStreamWriter out(to);
+  const std::string cpu(
+      "X\x03\x00\x00\x00"
+      "cpu",
+      8),
+      cuda(
+          "X\x06\x00\x00\x00"
+          "cuda:0",
+          11);
+  for (const std::string& name : in.getAllRecords()) {
+    if (name == "version" || name == ".data/version") continue;  // the writer adds its own
+    auto [data, size] = in.getRecord(name);
+    std::string bytes(static_cast<const char*>(data.get()), size);
+    if (name == "data.pkl") {
+      const std::size_t at = bytes.find(cpu);
+      ASSERT_NE(at, std::string::npos);
+      bytes.replace(at, cpu.size(), cuda);
+    }
+    out.writeRecord(name, bytes.data(), bytes.size());
+  }
+  out.writeEndOfFile();
+}
+
+// Tests map_location without a GPU: a checkpoint whose storages say cuda:0 loads onto the CPU,
+// the optimizer's state with it. (On a GPU, CudaTest.CheckpointsMoveBetweenCpuAndCuda saves a
+// real one.)
+TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
+  lesson05::Trainer trainer = run(1, scratch.file("cpu.pt"));
+  tag_storages_cuda(scratch.file("cpu.pt"), scratch.file("cuda.pt"));
+  lesson05::Trainer loaded = lesson05::make_trainer(kCpu, lesson10::kSeed + 1);
+  const lesson10::Loaded info = lesson10::load_checkpoint(loaded, kCpu, scratch.file("cuda.pt"));
+  EXPECT_EQ(info.saved_on, "cuda:0");  // the same pickled string
+  EXPECT_TRUE(torch::equal(loaded.flat.values, trainer.flat.values));
+  const auto& state =
+      static_cast<const torch::optim::AdamParamState&>(*loaded.optimizer->state().begin()->second);
+  EXPECT_TRUE(state.exp_avg().device().is_cpu());
 }
 
 // Tests that a CUDA checkpoint loads on the CPU and a CPU one on CUDA, the optimizer's state
