@@ -54,7 +54,9 @@ MoveReport move_model(Net& model, const torch::Device& device) {
   report.before = inventory(*model);
   // One call moves every parameter and buffer, recursively through the submodules. It is
   // in place: no `model = model->to(...)`, and nothing to re-register.
+  // >>> lab: move every parameter and buffer of `model` to `device` (one call, in place)
   model->to(device);
+  // <<< lab
   report.after = inventory(*model);
   report.all_on_device = report.same_objects = true;
   for (size_t i = 0; i < report.after.size(); ++i) {
@@ -71,7 +73,9 @@ MoveReport move_model(Net& model, const torch::Device& device) {
 torch::optim::Adam make_optimizer(Net& model) {
   // Built AFTER model->to(device): Adam keeps per-parameter moments that it creates, on the
   // parameters' device, at its first step. Moving the model later would leave them behind.
+  // >>> lab: return an Adam (learning rate 1e-3) over the model's parameters
   return torch::optim::Adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  // <<< lab
 }
 //! [optimizer]
 

@@ -73,7 +73,9 @@ Attempt feed_cpu_batch(Classifier& model) {
 Attempt feed_moved_batch(Classifier& model) {
   const torch::Tensor batch = torch::randn({kBatch, kFeatures});
   // Move the batch to where the model's parameters are. In a training loop: once per batch.
+  // >>> lab: feed `batch` to the model where the model is (return attempt(model, ...))
   return attempt(model, batch.to(device_of(model)));
+  // <<< lab
 }
 //! [fix]
 

@@ -176,10 +176,12 @@ FlatParameters flatten_parameters(torch::nn::Module& model) {
 Trainer make_trainer(const torch::Device& device, std::uint64_t seed) {
   torch::manual_seed(seed);
   Trainer trainer;
+  // >>> lab: move the model, flatten its parameters, then build Adam over trainer.flat.values
   trainer.model->to(device);                               // 1. the model moves once,
   trainer.flat = flatten_parameters(*trainer.model);       // 2. its parameters become one tensor,
   trainer.optimizer = std::make_unique<torch::optim::Adam>(  // 3. and the optimizer comes last
       std::vector<torch::Tensor>{trainer.flat.values}, torch::optim::AdamOptions(kLearningRate));
+  // <<< lab
   return trainer;
 }
 //! [make-trainer]
@@ -196,11 +198,15 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
   Batch batch;
   loader.start_epoch();
   while (loader.next(batch)) {
+    // >>> lab: zero every gradient (they all live in trainer.flat.gradients)
     trainer.flat.gradients.zero_();  // zero_grad() for all parameters in one kernel
+    // <<< lab
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(model->forward(batch.images), batch.labels);
+    // >>> lab: backpropagate the loss, then let the optimizer take its step
     loss.backward();
     trainer.optimizer->step();
+    // <<< lab
     const std::int64_t n = batch.labels.size(0);
     loss_sum += loss.detach() * static_cast<double>(n);
     seen += n;
@@ -222,7 +228,9 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
 //! [evaluate]
 double evaluate(Mlp& model, const course::ImageSet& data, const torch::Device& device) {
   model->eval();
+  // >>> lab: evaluation needs no graph: turn gradient recording off for this function
   torch::NoGradGuard no_grad;  // no graph: less memory, less work (lesson 06)
+  // <<< lab
   const torch::Tensor images = data.images.reshape({-1, kPixels});
   torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
   for (std::int64_t start = 0; start < images.size(0); start += kEvalBatch) {

@@ -92,7 +92,9 @@ FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
   }  // `big` is freed here: its block goes back to the allocator...
   f.allocated_after = course::memory_stats(device).allocated;
   f.reserved_after_free = course::memory_stats(device).reserved;  // ...which keeps it (CUDA)
+  // >>> lab: hand the allocator's unused cached blocks back to the driver
   course::empty_cache(device);  // hands unused cached blocks back to the driver
+  // <<< lab
   f.reserved_after_empty = course::memory_stats(device).reserved;
   return f;
 }
@@ -113,8 +115,10 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
       // The failed step's tensors were freed as the exception unwound the stack. Drop any
       // partial gradients, and return the cache so the next try starts clean.
       attempt.error = course::error_message(error);
+      // >>> lab: drop the partial gradients and return the cache, so the halved batch starts clean
       model->zero_grad(/*set_to_none=*/true);
       course::empty_cache(device);
+      // <<< lab
     }
     attempts.push_back(attempt);
     if (attempt.fit) break;

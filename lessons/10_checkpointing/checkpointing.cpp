@@ -157,9 +157,11 @@ void write_atomically(const std::string& path, const std::function<void(const Si
   }
   if (error == 0 && failure.empty() && ::fsync(fd) != 0) error = errno;  // 1. bytes on the disk,
   if (::close(fd) != 0 && error == 0) error = errno;
+  // >>> lab: rename the flushed file over `target`; on failure, set error = errno
   if (error == 0 && failure.empty() && std::rename(temporary.c_str(), target.c_str()) != 0) {
     error = errno;  // 2. then the name points at them: readers see the old file or the new one
   }
+  // <<< lab
   if (error != 0 || !failure.empty()) {
     ::unlink(temporary.c_str());
     throw CheckpointError(
@@ -205,7 +207,9 @@ void save_checkpoint(lesson05::Trainer& trainer, const Progress& progress,
   crc ^= optimizer_checksum(*trainer.optimizer);
   // The generators: the next epoch's shuffle (CPU) and, on a GPU, its random numbers.
   const torch::Tensor cpu_rng = rng_state(torch::kCPU);
+  // >>> lab: save the CPU generator's state, cpu_rng, under the key "rng_cpu"
   archive.write("rng_cpu", cpu_rng);
+  // <<< lab
   crc = add_to_checksum(crc, cpu_rng);
   if (device.is_cuda()) archive.write("rng_cuda", rng_state(device));
   archive.write("checksum", c10::IValue(static_cast<std::int64_t>(crc)));
@@ -762,6 +766,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     torch::Tensor output;
     {
       std::optional<RngStates> after;  // the RNG as backward found it, put back afterwards
+      // >>> lab: restore the forward's RNG (ctx->saved_data), keeping the current one in `after`
       if (ctx->saved_data.count("rng_cpu") != 0) {
         after.emplace(x.device());
         const auto cuda = ctx->saved_data.count("rng_cuda") != 0
@@ -769,6 +774,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                               : torch::Tensor();
         RngStates(x.device(), ctx->saved_data["rng_cpu"].toTensor(), cuda).restore();
       }
+      // <<< lab
       torch::AutoGradMode enable_grad(true);
       output = segment->forward(x);
       if (after) after->restore();

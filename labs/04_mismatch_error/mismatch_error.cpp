@@ -1,0 +1,134 @@
+// Lesson 04 — the device-mismatch error: what it says, why it happens, and the fix.
+//
+// You will learn:
+//   - every operation runs on ONE device; give it tensors on two devices and LibTorch stops
+//     with "Expected all tensors to be on the same device, but found at least two devices";
+//   - the usual cause: the model was moved to the GPU, the batch was not;
+//   - the fix: move each batch to the model's device (or create it there);
+//   - on a machine without a GPU, the meta device (shapes without data) raises the same error,
+//     so the lesson shows the real message everywhere; on a GPU it shows the CPU/CUDA case.
+//
+// Run:    build/bin/lesson04_mismatch_error [--device auto|cpu|cuda|cuda:N]
+// Checks: the CPU batch raises the mismatch error, the HINT names the fix, and the moved batch
+//         gives an output of the right shape on the model's device. Exit 0 PASS, 1 FAIL,
+//         2 bad flag.
+#include "mismatch_error.h"
+
+#include <iostream>
+
+#include "common/cli.h"     // defines: Cli, start_lesson
+#include "common/verdict.h" // defines: Verdict, error_message
+
+namespace lesson04 {
+
+ClassifierImpl::ClassifierImpl(std::int64_t features, std::int64_t classes,
+                               const torch::Device& device) {
+  const auto on = torch::TensorOptions().device(device);
+  mean = register_buffer("mean", torch::zeros({features}, on));
+  scale = register_buffer("scale", torch::ones({features}, on));
+  weight = register_parameter("weight", torch::randn({classes, features}, on) * 0.1);
+  bias = register_parameter("bias", torch::zeros({classes}, on));
+}
+
+torch::Tensor ClassifierImpl::forward(const torch::Tensor& x) {
+  // The first op that sees both x and the model's state is where a mismatch is caught.
+  const torch::Tensor z = (x - mean) / scale;
+  return torch::addmm(bias, z, weight.t());
+}
+
+torch::Device model_device_for(const torch::Device& device) {
+  return device.is_cuda() ? device : torch::Device(torch::kMeta);
+}
+
+Classifier make_model(const torch::Device& model_device) {
+  if (model_device.is_meta()) return Classifier(kFeatures, kClasses, model_device);
+  Classifier model(kFeatures, kClasses);
+  model->to(model_device);
+  return model;
+}
+
+torch::Device device_of(Classifier& model) { return model->parameters().front().device(); }
+
+namespace {
+Attempt attempt(Classifier& model, const torch::Tensor& batch) {
+  Attempt result;
+  try {
+    result.output = model->forward(batch);
+  } catch (const c10::Error& error) {
+    result.threw = true;
+    result.message = course::error_message(error);
+  }
+  return result;
+}
+}  // namespace
+
+//! [mistake]
+Attempt feed_cpu_batch(Classifier& model) {
+  const torch::Tensor batch = torch::randn({kBatch, kFeatures});  // on the CPU
+  return attempt(model, batch);  // the model is elsewhere: this throws
+}
+//! [mistake]
+
+//! [fix]
+Attempt feed_moved_batch(Classifier& model) {
+  const torch::Tensor batch = torch::randn({kBatch, kFeatures});
+  // Move the batch to where the model's parameters are. In a training loop: once per batch.
+  // TODO(lab 04.1): feed `batch` to the model where the model is (return attempt(model, ...))
+  throw std::logic_error("lab 04.1 is not done: feed `batch` to the model where the model is (return attempt(model, ...))");
+}
+//! [fix]
+
+std::string hint_for(const std::string& message) {
+  if (message.find(kMismatchText) == std::string::npos) return "";
+  return "move the inputs to the model's device before the forward pass, e.g. "
+         "batch.to(model->parameters().front().device()), and create new tensors with "
+         "x.options() (or a device) instead of on the CPU by default";
+}
+
+}  // namespace lesson04
+
+int lesson_main(int argc, char** argv) {
+  using namespace lesson04;
+  course::CommonOptions options;
+  options.seed = kSeed;
+  course::Cli cli("lesson04_mismatch_error",
+                  "Lesson 04: the 'Expected all tensors to be on the same device' error and its fix.",
+                  options);
+  if (auto code = cli.parse(argc, argv)) return *code;
+  const torch::Device device = course::start_lesson(options);
+  course::Verdict verdict;
+
+  torch::manual_seed(options.seed);
+  const torch::Device model_device = model_device_for(device);
+  Classifier model = make_model(model_device);
+  if (model_device.is_meta()) {
+    std::cout << "No GPU in use: the model goes to the meta device, which raises the same error "
+                 "as a GPU would.\n  (With a GPU, the message names the two devices, e.g. cuda:0 and cpu.)\n";
+  }
+  std::cout << "Model on " << device_of(model) << "; feeding it a batch on cpu...\n";
+
+  const Attempt mistake = feed_cpu_batch(model);
+  if (mistake.threw) {
+    course::print_error(mistake.message, hint_for(mistake.message));
+  }
+  verdict.check(mistake.threw && mistake.message.find(kMismatchText) != std::string::npos,
+                "a CPU batch fed to a model on " + model_device.str() + " raises the mismatch error");
+  verdict.check(!hint_for(mistake.message).empty(), "the error gets a HINT naming the fix");
+
+  std::cout << "Fix: batch.to(" << device_of(model) << ") before the forward pass...\n";
+  const Attempt fixed = feed_moved_batch(model);
+  const bool right_shape =
+      !fixed.threw && fixed.output.sizes() == torch::IntArrayRef({kBatch, kClasses});
+  verdict.check(right_shape && fixed.output.device() == model_device,
+                "the moved batch runs: output " +
+                    (fixed.threw ? std::string("none") : std::to_string(fixed.output.size(0)) +
+                                                             "x" +
+                                                             std::to_string(fixed.output.size(1))) +
+                    " on " + model_device.str());
+  if (model_device.is_meta()) {
+    std::cout << "  (meta tensors carry shapes and dtypes but no numbers: nothing to print)\n";
+  } else {
+    std::cout << "  first row of the output: " << fixed.output[0].to(torch::kCPU) << "\n";
+  }
+  return verdict.finish("lesson 04 on " + device.str());
+}

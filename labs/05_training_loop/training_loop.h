@@ -1,0 +1,112 @@
+// training_loop.h: what lesson 05 teaches, callable from its tests and benchmarks.
+// See training_loop.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/data.h"  // defines: course::ImageSet
+
+namespace lesson05 {
+
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 5;
+constexpr int kEpochs = 5;
+constexpr std::int64_t kBatchSize = 64;
+constexpr double kLearningRate = 1e-3;     // Adam
+constexpr double kAccuracyBar = 0.85;      // test accuracy after kEpochs on all 60,000 images
+// --quick: one epoch on the first kQuickSamples training images; the bar is lower to match.
+constexpr int kQuickEpochs = 1;
+constexpr std::int64_t kQuickSamples = 10000;
+constexpr double kQuickAccuracyBar = 0.70;
+constexpr std::int64_t kEvalBatch = 1000;  // evaluation needs no graph: large batches are cheap
+
+/// The classifier: 784 -> 128 -> ReLU -> 64 -> ReLU -> 10 (logits).
+struct MlpImpl : torch::nn::Module {
+  MlpImpl();
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+/// A batch, on the training device.
+struct Batch {
+  torch::Tensor images;  ///< float32 [B, 784]
+  torch::Tensor labels;  ///< int64 [B]
+};
+
+/// Yields one shuffled epoch of batches on the device.
+class Loader {
+ public:
+  virtual ~Loader() = default;
+  /// Draws a new order of the samples (from the global, seeded generator).
+  virtual void start_epoch() = 0;
+  /// The next batch; false at the end of the epoch.
+  virtual bool next(Batch& batch) = 0;
+  virtual std::int64_t size() const = 0;
+  virtual std::string name() const = 0;
+};
+
+/// "batches": the textbook path. Each batch is gathered on the host and copied to the device
+/// (from pinned memory, non_blocking, on CUDA).
+std::unique_ptr<Loader> make_batches_loader(const course::ImageSet& data, std::int64_t batch_size,
+                                            const torch::Device& device);
+/// "resident": the whole dataset is copied to the device once; batches are slices of it,
+/// picked by a shuffled index tensor that lives on the device too.
+std::unique_ptr<Loader> make_resident_loader(const course::ImageSet& data,
+                                             std::int64_t batch_size, const torch::Device& device);
+/// One of the two by name ("batches" or "resident").
+std::unique_ptr<Loader> make_loader(const std::string& name, const course::ImageSet& data,
+                                    std::int64_t batch_size, const torch::Device& device);
+
+/// All of a model's parameters in one contiguous tensor, and their gradients in another: each
+/// parameter (and its .grad()) becomes a view into them, so the optimizer updates one tensor with
+/// a handful of kernels instead of a handful per parameter.
+struct FlatParameters {
+  torch::Tensor values;     ///< the optimizer's only parameter
+  torch::Tensor gradients;  ///< values.grad(); backward accumulates into it in place
+};
+FlatParameters flatten_parameters(torch::nn::Module& model);
+
+/// What training needs: the model on its device, its flat parameters, and Adam over them.
+struct Trainer {
+  Mlp model;
+  FlatParameters flat;
+  std::unique_ptr<torch::optim::Adam> optimizer;
+};
+/// A seeded model moved to `device`, then (in this order) flattened and given its optimizer.
+Trainer make_trainer(const torch::Device& device, std::uint64_t seed);
+
+/// What one epoch did.
+struct EpochStats {
+  double mean_loss = 0;
+  double seconds = 0;
+  std::int64_t samples = 0;
+  double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
+};
+
+/// One epoch of training. With `progress`, prints a progress line (for terminals).
+EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& device,
+                       bool progress = false);
+
+/// Fraction of `data` classified correctly, evaluated on `device` without a graph.
+double evaluate(Mlp& model, const course::ImageSet& data, const torch::Device& device);
+
+/// The first `n` samples of `data` (all of it when n >= its size).
+course::ImageSet take(const course::ImageSet& data, std::int64_t n);
+
+/// A whole run: seeded model, `epochs` epochs with `loader_name`, then test accuracy.
+struct RunResult {
+  std::vector<EpochStats> epochs;
+  double accuracy = 0;
+};
+RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageSet& test,
+                             const std::string& loader_name, int epochs, std::int64_t batch_size,
+                             const torch::Device& device, std::uint64_t seed,
+                             bool progress = false);
+
+}  // namespace lesson05
