@@ -75,8 +75,8 @@ class BatchesLoader final : public Loader {
     torch::Tensor labels = torch::empty({n}, labels_.options().pinned_memory(pinned_));
     torch::index_select_out(images, images_, 0, idx);  // gathered by the CPU
     torch::index_select_out(labels, labels_, 0, idx);
-    batch.images = images.to(device_, /*non_blocking=*/pinned_);
-    batch.labels = labels.to(device_, /*non_blocking=*/pinned_);
+    // TODO(lab 05.1): copy images and labels into `batch` on device_ (non_blocking if pinned_)
+    throw std::logic_error("lab 05.1 is not done: copy images and labels into `batch` on device_ (non_blocking if pinned_)");
     return true;
   }
 
@@ -176,8 +176,8 @@ FlatParameters flatten_parameters(torch::nn::Module& model) {
 Trainer make_trainer(const torch::Device& device, std::uint64_t seed) {
   torch::manual_seed(seed);
   Trainer trainer;
-  // TODO(lab 05.1): move the model, flatten its parameters, then build Adam over trainer.flat.values
-  throw std::logic_error("lab 05.1 is not done: move the model, flatten its parameters, then build Adam over trainer.flat.values");
+  // TODO(lab 05.2): move the model, flatten its parameters, then build Adam over trainer.flat.values
+  throw std::logic_error("lab 05.2 is not done: move the model, flatten its parameters, then build Adam over trainer.flat.values");
   return trainer;
 }
 //! [make-trainer]
@@ -194,12 +194,12 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
   Batch batch;
   loader.start_epoch();
   while (loader.next(batch)) {
-    // TODO(lab 05.2): zero every gradient (they all live in trainer.flat.gradients)
-    throw std::logic_error("lab 05.2 is not done: zero every gradient (they all live in trainer.flat.gradients)");
+    // TODO(lab 05.3): zero every gradient (they all live in trainer.flat.gradients)
+    throw std::logic_error("lab 05.3 is not done: zero every gradient (they all live in trainer.flat.gradients)");
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(model->forward(batch.images), batch.labels);
-    // TODO(lab 05.3): backpropagate the loss, then let the optimizer take its step
-    throw std::logic_error("lab 05.3 is not done: backpropagate the loss, then let the optimizer take its step");
+    // TODO(lab 05.4): backpropagate the loss, then let the optimizer take its step
+    throw std::logic_error("lab 05.4 is not done: backpropagate the loss, then let the optimizer take its step");
     const std::int64_t n = batch.labels.size(0);
     loss_sum += loss.detach() * static_cast<double>(n);
     seen += n;
@@ -221,8 +221,8 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
 //! [evaluate]
 double evaluate(Mlp& model, const course::ImageSet& data, const torch::Device& device) {
   model->eval();
-  // TODO(lab 05.4): evaluation needs no graph: turn gradient recording off for this function
-  throw std::logic_error("lab 05.4 is not done: evaluation needs no graph: turn gradient recording off for this function");
+  // TODO(lab 05.5): evaluation needs no graph: turn gradient recording off for this function
+  throw std::logic_error("lab 05.5 is not done: evaluation needs no graph: turn gradient recording off for this function");
   const torch::Tensor images = data.images.reshape({-1, kPixels});
   torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
   for (std::int64_t start = 0; start < images.size(0); start += kEvalBatch) {

@@ -75,8 +75,10 @@ class BatchesLoader final : public Loader {
     torch::Tensor labels = torch::empty({n}, labels_.options().pinned_memory(pinned_));
     torch::index_select_out(images, images_, 0, idx);  // gathered by the CPU
     torch::index_select_out(labels, labels_, 0, idx);
+    // >>> lab: copy images and labels into `batch` on device_ (non_blocking if pinned_)
     batch.images = images.to(device_, /*non_blocking=*/pinned_);
     batch.labels = labels.to(device_, /*non_blocking=*/pinned_);
+    // <<< lab
     return true;
   }
 

@@ -107,6 +107,7 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
   for (std::int64_t batch = start; batch >= 1; batch /= 2) {
     OomAttempt attempt;
     attempt.batch = batch;
+    // >>> lab: one step at `batch`; on c10::OutOfMemoryError: record it, drop grads, empty cache
     try {
       train_step(model, optimizer, batch, device);
       course::synchronize(device);
@@ -115,11 +116,10 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
       // The failed step's tensors were freed as the exception unwound the stack. Drop any
       // partial gradients, and return the cache so the next try starts clean.
       attempt.error = course::error_message(error);
-      // >>> lab: drop the partial gradients and return the cache, so the halved batch starts clean
       model->zero_grad(/*set_to_none=*/true);
       course::empty_cache(device);
-      // <<< lab
     }
+    // <<< lab
     attempts.push_back(attempt);
     if (attempt.fit) break;
   }
