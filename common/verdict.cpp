@@ -1,6 +1,8 @@
 // verdict.cpp: verdict line, exit codes and error printing shared by every lesson.
 #include "common/verdict.h"
 
+#include "common/interrupt.h"
+
 #include <iostream>
 
 #include <c10/util/Exception.h>  // defines: c10::Error::what_without_backtrace
@@ -51,6 +53,9 @@ int Verdict::finish(const std::string& summary) const {
 int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv) {
   try {
     return lesson_main(argc, argv);
+  } catch (const Interrupted& stop) {
+    std::cout << "stopped (Ctrl-C): " << stop.what() << std::endl;
+    return kExitInterrupted;
   } catch (const CourseError& error) {
     print_error(error.what(), error.hint());
     return kExitUsage;

@@ -55,7 +55,8 @@ class Verdict {
   std::string waived_;
 };
 
-/// Runs a lesson's main: errors that teach (CourseError) exit 2 with their HINT; any other error
+/// Runs a lesson's main: errors that teach (CourseError) exit 2 with their HINT; a loop stopped
+/// by Ctrl-C (Interrupted, common/interrupt.h) prints what it did and exits 130; any other error
 /// prints its message without the backtrace and ends with RESULT: FAIL.
 int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv);
 

@@ -1,5 +1,6 @@
 // Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST, memory
 // metering, timing and synthetic data.
+#include <signal.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "common/data.h"
 #include "common/device.h"
+#include "common/interrupt.h"
 #include "common/memory.h"
 #include "common/timing.h"
 #include "common/verdict.h"
@@ -330,4 +332,34 @@ TEST(Timing, Median) {
   EXPECT_EQ(course::median({3.0, 1.0, 2.0}), 2.0);
   EXPECT_EQ(course::median({4.0, 1.0, 3.0, 2.0}), 2.5);
   EXPECT_EQ(course::median({}), 0.0);
+}
+
+// Tests that under a StopOnInterrupt a SIGINT only sets the stop request (the process goes on),
+// that the next guard starts without one, and that the previous handler comes back afterwards.
+TEST(StopOnInterrupt, SigintBecomesAStopRequest) {
+  struct sigaction before {};
+  ::sigaction(SIGINT, nullptr, &before);
+  {
+    course::StopOnInterrupt guard;
+    EXPECT_FALSE(course::stop_requested());
+    ::raise(SIGINT);
+    EXPECT_TRUE(course::stop_requested());
+  }
+  {
+    course::StopOnInterrupt again;
+    EXPECT_FALSE(course::stop_requested());
+  }
+  struct sigaction after {};
+  ::sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+// Tests that run_lesson() turns Interrupted into its message and exit code 130.
+TEST(StopOnInterrupt, RunLessonExits130) {
+  testing::internal::CaptureStdout();
+  const int code = course::run_lesson(
+      [](int, char**) -> int { throw course::Interrupted("epoch 2 abandoned"); }, 0, nullptr);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, course::kExitInterrupted);
+  EXPECT_NE(out.find("stopped (Ctrl-C): epoch 2 abandoned"), std::string::npos) << out;
 }

@@ -17,7 +17,8 @@
 //                                          [--epochs N] [--batch-size N] [--data-dir DIR] [--quick]
 // Checks: test accuracy >= kAccuracyBar after kEpochs (kQuickAccuracyBar with --quick, fewer
 //         epochs or larger batches) for each loader trained; on the CPU, both loaders see the same batches and so reach the same
-//         loss. Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
+//         loss. Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 130 stopped
+//         by Ctrl-C (at the end of a step).
 #include "training_loop.h"
 
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <iostream>
 
 #include "common/cli.h"     // defines: Cli, start_lesson
+#include "common/interrupt.h"  // defines: StopOnInterrupt, stop_requested, Interrupted
 #include "common/timing.h"  // defines: Stopwatch, median
 #include "common/verdict.h" // defines: Verdict
 
@@ -212,6 +214,7 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
     const std::int64_t n = batch.labels.size(0);
     loss_sum += loss.detach() * static_cast<double>(n);
     seen += n;
+    if (course::stop_requested()) break;  // Ctrl-C: the step is whole; stop here (lesson 10)
     if (progress && (seen / n) % 100 == 0) {
       std::printf("\r  %6lld/%lld samples", static_cast<long long>(seen),
                   static_cast<long long>(loader.size()));
@@ -222,6 +225,7 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
   stats.mean_loss = loss_sum.item<double>() / static_cast<double>(seen);  // one sync per epoch
   stats.seconds = watch.seconds();
   stats.samples = seen;
+  stats.interrupted = seen < loader.size();
   if (progress) std::printf("\r%40s\r", "");
   return stats;
 }
@@ -254,12 +258,20 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
                              const torch::Device& device, std::uint64_t seed, bool progress) {
   Trainer trainer = make_trainer(device, seed);
   auto loader = make_loader(loader_name, train, batch_size, device);
+  course::StopOnInterrupt stop_on_ctrl_c;  // Ctrl-C ends the step under way, then the run
   RunResult result;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     result.epochs.push_back(train_epoch(trainer, *loader, device, progress));
     const EpochStats& s = result.epochs.back();
+    if (s.interrupted) {
+      throw course::Interrupted(loader_name + " loader, epoch " + std::to_string(epoch + 1) + " of " +
+                                std::to_string(epochs) + ", after " + std::to_string(s.samples) +
+                                " of " + std::to_string(loader->size()) +
+                                " samples; nothing is saved (lesson 10 saves and resumes runs)");
+    }
     std::printf("  %-8s epoch %d/%d  loss %.4f  %6.3f s  %9.0f samples/s\n", loader_name.c_str(),
                 epoch + 1, epochs, s.mean_loss, s.seconds, s.samples_per_second());
+    std::fflush(stdout);  // a line per epoch, also through a pipe (| tee)
   }
   result.accuracy = evaluate(trainer.model, test, device);
   return result;

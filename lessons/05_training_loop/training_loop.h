@@ -86,10 +86,12 @@ struct EpochStats {
   double mean_loss = 0;
   double seconds = 0;
   std::int64_t samples = 0;
+  bool interrupted = false;  ///< stopped early: Ctrl-C under a course::StopOnInterrupt
   double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
 };
 
-/// One epoch of training. With `progress`, prints a progress line (for terminals).
+/// One epoch of training. With `progress`, prints a progress line (for terminals). Stops early,
+/// after the step under way, when course::stop_requested() (Ctrl-C).
 EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& device,
                        bool progress = false);
 

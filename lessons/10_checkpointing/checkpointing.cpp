@@ -15,7 +15,9 @@
 //     has, so the lesson reads each tensor itself, checks names and shapes, and only then copies;
 //     a bad file is one clear error, never a crash, a partial load or a silent fresh start;
 //   - Python interop: the seeds' torch.save(model.state_dict(), f) files, read through
-//     LibTorch's own unpickler, and files that torch.load(f, weights_only=True) accepts;
+//     LibTorch's own unpickler (after checking the zip's CRCs, which LibTorch does not), and files
+//     that torch.load(f, weights_only=True) accepts;
+//   - Ctrl-C finishes the step under way and leaves the last whole epoch's checkpoint (exit 130);
 //   - activation checkpointing: LibTorch has no torch::utils::checkpoint, so the lesson writes one
 //     as a custom autograd Function that keeps a segment's input instead of its activations and
 //     runs the segment again in backward, with the RNG replayed so that dropout matches.
@@ -34,7 +36,7 @@
 //         by dtype) with a lower peak. With --checkpoint / --to-python: what was written reads
 //         back equal. Every run prints "test accuracy: 0.xxxx" for the model it ends with and
 //         checks it against lesson 05's bar when it trained a full run itself.
-//         Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad checkpoint.
+//         Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad checkpoint, 130 stopped by Ctrl-C.
 #include "checkpointing.h"
 
 #include <ATen/core/ivalue.h>                   // defines: IValue::make_capsule
@@ -50,6 +52,7 @@
 #include <unistd.h>
 #include <zlib.h>  // defines: crc32_z (the checksum the zip format uses too)
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +67,7 @@
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/data.h"     // defines: find_fashion_mnist, load_fashion_mnist
 #include "common/device.h"   // defines: cuda_device_count, format_bytes, synchronize
+#include "common/interrupt.h"  // defines: StopOnInterrupt, Interrupted (Ctrl-C)
 #include "common/memory.h"   // defines: memory_stats, reset_peak_memory
 #include "common/timing.h"   // defines: Stopwatch, time_median
 #include "common/verdict.h"  // defines: Verdict, error_message
@@ -418,8 +422,24 @@ torch::Tensor checkpoint_parameters(const std::string& path) {
 //! [train-to]
 void train_to(lesson05::Trainer& trainer, Progress& progress, int epochs, lesson05::Loader& loader,
               const torch::Device& device, const std::string& checkpoint) {
+  // Ctrl-C: the step under way finishes, the epoch is abandoned, and the checkpoint keeps the
+  // last whole epoch. A save under way finishes first: the handler only sets a flag.
+  course::StopOnInterrupt stop_on_ctrl_c;
+  const auto stopped = [&](const std::string& what) {
+    const std::string saved =
+        checkpoint.empty() || progress.epoch == 0
+            ? "nothing is saved"
+            : checkpoint + " holds epoch " + std::to_string(progress.epoch) +
+                  ": run the same command to resume from there";
+    return course::Interrupted(what + "; " + saved);
+  };
   while (progress.epoch < epochs) {
     const lesson05::EpochStats stats = lesson05::train_epoch(trainer, loader, device);
+    if (stats.interrupted) {
+      throw stopped("epoch " + std::to_string(progress.epoch + 1) + " abandoned after " +
+                    std::to_string(stats.samples) + " of " + std::to_string(loader.size()) +
+                    " samples");
+    }
     progress.epoch += 1;
     progress.step += (stats.samples + progress.batch_size - 1) / progress.batch_size;
     std::printf("  epoch %lld/%d  loss %.4f  %5.2f s", static_cast<long long>(progress.epoch),
@@ -430,6 +450,10 @@ void train_to(lesson05::Trainer& trainer, Progress& progress, int epochs, lesson
       std::printf("  saved (%.0f ms)", watch.seconds() * 1e3);
     }
     std::printf("\n");
+    std::fflush(stdout);  // a line per epoch, also through a pipe (| tee)
+    if (course::stop_requested() && progress.epoch < epochs) {
+      throw stopped("stopped after epoch " + std::to_string(progress.epoch));
+    }
   }
 }
 //! [train-to]
@@ -482,6 +506,73 @@ std::string plain_dict_pickle(std::string pickle) {
 
 }  // namespace
 
+namespace {
+
+std::uint64_t little_endian(const std::string& bytes, std::size_t at, int size) {
+  std::uint64_t value = 0;
+  for (int i = size - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
+  return value;
+}
+
+// The CRC-32 the zip's central directory records for each entry, by name. LibTorch's zip reader
+// does not check them, and a state_dict has no checksum of its own: without this, a damaged
+// tensor in a Python file would load silently. Empty when the directory cannot be found (the
+// zip reader then reports the file as broken).
+std::vector<std::pair<std::string, std::uint32_t>> zip_crcs(const std::string& zip) {
+  std::vector<std::pair<std::string, std::uint32_t>> crcs;
+  const std::size_t end = zip.rfind(std::string("PK\x05\x06", 4));  // end of central directory
+  if (end == std::string::npos || end + 22 > zip.size()) return crcs;
+  std::uint64_t offset = little_endian(zip, end + 16, 4);
+  std::uint64_t entries = little_endian(zip, end + 10, 2);
+  if (offset == 0xffffffffu || entries == 0xffffu) {  // zip64: the locator just before
+    if (end < 20 || zip.compare(end - 20, 4, std::string("PK\x06\x07", 4)) != 0) return crcs;
+    const std::uint64_t eocd64 = little_endian(zip, end - 20 + 8, 8);
+    if (eocd64 + 56 > zip.size()) return crcs;
+    entries = little_endian(zip, eocd64 + 32, 8);
+    offset = little_endian(zip, eocd64 + 48, 8);
+  }
+  for (std::uint64_t i = 0; i < entries; ++i) {
+    if (offset + 46 > zip.size() || zip.compare(offset, 4, std::string("PK\x01\x02", 4)) != 0) {
+      crcs.clear();
+      return crcs;
+    }
+    const std::uint64_t name = little_endian(zip, offset + 28, 2);
+    const std::uint64_t extra = little_endian(zip, offset + 30, 2);
+    const std::uint64_t comment = little_endian(zip, offset + 32, 2);
+    if (offset + 46 + name > zip.size()) break;
+    crcs.emplace_back(zip.substr(offset + 46, name),
+                      static_cast<std::uint32_t>(little_endian(zip, offset + 16, 4)));
+    offset += 46 + name + extra + comment;
+  }
+  return crcs;
+}
+
+// Checks every record `zip` lists against the CRC the file records for it.
+void check_crcs(caffe2::serialize::PyTorchStreamReader& zip, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const auto crcs = zip_crcs(bytes);
+  if (crcs.empty()) throw std::runtime_error("no readable central directory");
+  for (const std::string& record : zip.getAllRecords()) {
+    const auto found = std::find_if(crcs.begin(), crcs.end(), [&](const auto& entry) {
+      return entry.first.size() > record.size() &&
+             entry.first.compare(entry.first.size() - record.size() - 1, std::string::npos,
+                                 "/" + record) == 0;
+    });
+    auto [data, size] = zip.getRecord(record);
+    const auto crc = static_cast<std::uint32_t>(
+        crc32_z(0, static_cast<const Bytef*>(data.get()), size));
+    if (found == crcs.end() || found->second != crc) {
+      throw CheckpointError(path + " is corrupt: its entry " + record +
+                                " does not match the CRC-32 the zip records for it",
+                            "the file changed after Python saved it (disk or copy error): save "
+                            "it again");
+    }
+  }
+}
+
+}  // namespace
+
 //! [read-python]
 Entries read_python_state_dict(const std::string& path) {
   const std::string hint =
@@ -493,6 +584,7 @@ Entries read_python_state_dict(const std::string& path) {
     // torch.save's format: a zip with data.pkl (the pickle) and data/<key> (each storage's bytes).
     caffe2::serialize::PyTorchStreamReader zip(path);
     if (!zip.hasRecord("data.pkl")) throw std::runtime_error("no data.pkl in the zip");
+    check_crcs(zip, path);
     auto [bytes, size] = zip.getRecord("data.pkl");
     const std::string pickle =
         plain_dict_pickle(std::string(static_cast<const char*>(bytes.get()), size));
@@ -510,6 +602,8 @@ Entries read_python_state_dict(const std::string& path) {
     torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
                                     read_storage, c10::Device(torch::kCPU));
     value = unpickler.parse_ivalue();
+  } catch (const CheckpointError&) {
+    throw;
   } catch (const std::exception& e) {
     throw CheckpointError(path + " is not a state_dict saved by torch.save (" + first_line(e) + ")",
                           hint);
