@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <regex>
 
@@ -258,6 +259,26 @@ TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
   }
 }
 
+// Writes `bytes` to `path` damaged in 308 ways, calling `check(what)` after each: truncated at 97
+// offsets from 0 to the whole file less a 97th, then with one byte changed at 211 positions spread
+// evenly over it (the zip's headers, the pickles, the tensors).
+constexpr int kDamagedCopies = 97 + 211;
+void damage_everywhere(const std::string& bytes, const std::string& path,
+                       const std::function<void(const std::string&)>& check) {
+  for (int i = 0; i <= 96; ++i) {
+    const std::size_t keep = bytes.size() * static_cast<std::size_t>(i) / 97;
+    write_bytes(path, bytes.substr(0, keep));
+    check("truncated to " + std::to_string(keep));
+  }
+  for (int i = 0; i < 211; ++i) {
+    std::string copy = bytes;
+    const std::size_t at = (copy.size() - 1) * static_cast<std::size_t>(i) / 210;
+    copy[at] = static_cast<char>(copy[at] ^ 0x5a);
+    write_bytes(path, copy);
+    check("byte " + std::to_string(at) + " changed");
+  }
+}
+
 // Tests the loader against damage everywhere in a checkpoint: truncated at 97 offsets and with
 // one byte changed at 211 positions spread over the file (the zip's headers, the pickles, the
 // tensors), each load either refuses the file with a CheckpointError or loads exactly the saved
@@ -280,19 +301,8 @@ TEST_F(CheckpointTest, CorruptionSweep) {
       EXPECT_TRUE(torch::equal(victim.flat.values, before)) << what;
     }
   };
-  for (int i = 0; i <= 96; ++i) {
-    const std::size_t keep = bytes.size() * static_cast<std::size_t>(i) / 97;
-    write_bytes(damaged, bytes.substr(0, keep));
-    try_load("truncated to " + std::to_string(keep));
-  }
-  for (int i = 0; i < 211; ++i) {
-    std::string copy = bytes;
-    const std::size_t at = (copy.size() - 1) * static_cast<std::size_t>(i) / 210;
-    copy[at] = static_cast<char>(copy[at] ^ 0x5a);
-    write_bytes(damaged, copy);
-    try_load("byte " + std::to_string(at) + " changed");
-  }
-  EXPECT_EQ(refused + loaded, 97 + 211);
+  damage_everywhere(bytes, damaged, try_load);
+  EXPECT_EQ(refused + loaded, kDamagedCopies);
   std::printf("corruption sweep: %d refused, %d loaded the saved run\n", refused, loaded);
 }
 
@@ -316,18 +326,8 @@ TEST_F(CheckpointTest, PythonStateDictCorruptionSweep) {
       refused += 1;
     }
   };
-  for (int i = 0; i <= 96; ++i) {
-    write_bytes(damaged, bytes.substr(0, bytes.size() * static_cast<std::size_t>(i) / 97));
-    try_read("truncated");
-  }
-  for (int i = 0; i < 211; ++i) {
-    std::string copy = bytes;
-    const std::size_t at = (copy.size() - 1) * static_cast<std::size_t>(i) / 210;
-    copy[at] = static_cast<char>(copy[at] ^ 0x5a);
-    write_bytes(damaged, copy);
-    try_read("byte " + std::to_string(at) + " changed");
-  }
-  EXPECT_EQ(refused + loaded, 97 + 211);
+  damage_everywhere(bytes, damaged, try_read);
+  EXPECT_EQ(refused + loaded, kDamagedCopies);
   std::printf("state_dict corruption sweep: %d refused, %d read back exactly\n", refused, loaded);
 }
 
