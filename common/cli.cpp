@@ -6,7 +6,7 @@
 #include <iostream>
 #include <thread>
 
-#include <ATen/Parallel.h>  // defines: at::set_num_threads
+#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
 #include <CLI/CLI.hpp>      // defines: CLI::App
 
 #include "common/device.h"
@@ -81,6 +81,14 @@ int available_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+CpuThreads::CpuThreads(int threads) : previous_(at::get_num_threads()) {
+  if (threads > 0) at::set_num_threads(threads);
+}
+
+CpuThreads::~CpuThreads() {
+  if (at::get_num_threads() != previous_) at::set_num_threads(previous_);
 }
 
 c10::Device start_lesson(const CommonOptions& options) {

@@ -56,4 +56,19 @@ c10::Device start_lesson(const CommonOptions& options);
 /// The number of CPU cores this process may use.
 int available_cores();
 
+/// Sets LibTorch's CPU thread count for a scope and puts the previous one back at its end;
+/// `threads` <= 0 leaves it alone. One thread makes CPU arithmetic reproducible from run to run:
+/// a multi-threaded BLAS (MKL, in PyTorch's own LibTorch) may split a matrix product's sums
+/// between its threads differently each run, and the last bits of the result follow.
+class CpuThreads {
+ public:
+  explicit CpuThreads(int threads);
+  ~CpuThreads();
+  CpuThreads(const CpuThreads&) = delete;
+  CpuThreads& operator=(const CpuThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace course

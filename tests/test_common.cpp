@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/cli.h"
 #include "common/data.h"
 #include "common/device.h"
 #include "common/interrupt.h"
@@ -73,6 +74,19 @@ TEST(Describe, CpuNamesThreads) {
 }
 
 // Tests byte formatting across units.
+// Tests that CpuThreads sets the thread count for its scope only, and that 0 leaves it alone.
+TEST(CpuThreads, SetsForAScopeAndRestores) {
+  const int before = at::get_num_threads();
+  const int other = before == 1 ? 2 : 1;
+  {
+    const course::CpuThreads scoped(other);
+    EXPECT_EQ(at::get_num_threads(), other);
+    const course::CpuThreads unchanged(0);
+    EXPECT_EQ(at::get_num_threads(), other);
+  }
+  EXPECT_EQ(at::get_num_threads(), before);
+}
+
 TEST(FormatBytes, Units) {
   EXPECT_EQ(course::format_bytes(512), "512 B");
   EXPECT_EQ(course::format_bytes(1536), "1.5 KiB");

@@ -64,7 +64,7 @@
 #include <random>
 #include <thread>
 
-#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/cli.h"      // defines: Cli, CpuThreads, start_lesson
 #include "common/data.h"     // defines: find_fashion_mnist, load_fashion_mnist
 #include "common/device.h"   // defines: cuda_device_count, format_bytes, synchronize
 #include "common/interrupt.h"  // defines: StopOnInterrupt, Interrupted (Ctrl-C)
@@ -1191,6 +1191,14 @@ int lesson_main(int argc, char** argv) {
   const int demo_epochs = epochs > 0 ? std::max(epochs, kResumeAt + 1) : kDemoEpochs;
 
   std::cout << "\n== Part 1: save every epoch, stop, resume: the same run ==\n";
+  // Bitwise equality needs reproducible arithmetic. On the CPU that means one thread: PyTorch's
+  // own LibTorch multiplies matrices with MKL, whose threads may split a sum differently from
+  // one run to the next, so even two uninterrupted runs can differ in the last bits.
+  std::optional<course::CpuThreads> reproducible;
+  if (device.is_cpu()) {
+    reproducible.emplace(1);
+    std::cout << "(on one CPU thread, so that the arithmetic repeats bit for bit)\n";
+  }
   std::cout << "uninterrupted, " << demo_epochs << " epochs:\n";
   Progress straight_progress = fresh;
   lesson05::Trainer straight = lesson05::make_trainer(device, options.seed);
@@ -1213,6 +1221,7 @@ int lesson_main(int argc, char** argv) {
   verdict.check(resume_diff == 0,
                 "a resumed run's parameters equal the uninterrupted run's, bitwise",
                 evidence("max abs diff %.3g", resume_diff));
+  reproducible.reset();
 
   std::cout << "\n== Part 2: a process killed while saving ==\n";
   const int kills = options.quick ? kQuickKills : kKills;
