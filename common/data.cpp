@@ -3,11 +3,10 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <vector>
-
-#include <cstring>
 
 #include <ATen/ATen.h>              // defines: at::empty, at::randn
 #include <ATen/CPUGeneratorImpl.h>  // defines: at::detail::createCPUGenerator
@@ -25,29 +24,44 @@ const std::array<const char*, 4> kFiles = {
     "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz"};
 
-// Reads the whole (decompressed) file; gzread passes plain files through unchanged.
-std::vector<std::uint8_t> read_all(const std::filesystem::path& file) {
-  gzFile in = gzopen(file.c_str(), "rb");
-  if (in == nullptr) {
-    throw DataError("cannot open " + file.string(), kInstallHint);
+// The largest IDX file the reader accepts, decompressed: Fashion-MNIST's largest is 47 MB. A
+// header promising more is refused before anything is allocated, so a damaged (or hostile) file
+// cannot make the reader allocate or inflate gigabytes.
+constexpr std::int64_t kMaxIdxBytes = std::int64_t{1} << 30;
+
+// A gzipped (or plain: gzread passes it through unchanged) file, read a piece at a time.
+class GzReader {
+ public:
+  explicit GzReader(const std::filesystem::path& file)
+      : file_(file), in_(gzopen(file.c_str(), "rb")) {
+    if (in_ == nullptr) throw DataError("cannot open " + file.string(), kInstallHint);
   }
-  std::vector<std::uint8_t> bytes;
-  std::array<std::uint8_t, 1 << 16> chunk{};
-  for (;;) {
-    const int n = gzread(in, chunk.data(), static_cast<unsigned>(chunk.size()));
-    if (n < 0) {
-      int code = 0;
-      const std::string reason = gzerror(in, &code);
-      gzclose(in);
-      throw DataError(file.string() + " is corrupt (" + reason + ")",
-                      "the file is damaged: reinstall it (" + kInstallHint + ")");
+  ~GzReader() { gzclose(in_); }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  // Reads up to `size` bytes into `out`; returns how many there were (fewer at the end).
+  std::int64_t read(void* out, std::int64_t size) {
+    std::int64_t done = 0;
+    while (done < size) {
+      const auto piece = static_cast<unsigned>(std::min<std::int64_t>(size - done, 1 << 20));
+      const int n = gzread(in_, static_cast<char*>(out) + done, piece);
+      if (n < 0) {
+        int code = 0;
+        const std::string reason = gzerror(in_, &code);
+        throw DataError(file_.string() + " is corrupt (" + reason + ")",
+                        "the file is damaged: reinstall it (" + kInstallHint + ")");
+      }
+      if (n == 0) break;
+      done += n;
     }
-    if (n == 0) break;
-    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + n);
+    return done;
   }
-  gzclose(in);
-  return bytes;
-}
+
+ private:
+  std::filesystem::path file_;
+  gzFile in_;
+};
 
 std::uint32_t big_endian(const std::uint8_t* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
@@ -60,38 +74,48 @@ at::Tensor read_idx(const std::filesystem::path& file) {
   if (!std::filesystem::is_regular_file(file)) {
     throw DataError(file.string() + " does not exist", kInstallHint);
   }
-  const std::vector<std::uint8_t> bytes = read_all(file);
+  GzReader in(file);
   const std::string damaged = "the file is damaged or is not an IDX file: reinstall it (" +
                               kInstallHint + ")";
   // IDX header: two zero bytes, a type code (0x08 = unsigned byte), the number of dimensions,
   // then each dimension as a big-endian 32-bit integer.
-  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0) {
+  std::array<std::uint8_t, 4 + 4 * 4> header{};
+  const std::int64_t got = in.read(header.data(), 4);
+  if (got < 4 || header[0] != 0 || header[1] != 0) {
     throw DataError(file.string() + ": bad magic number (not an IDX file)", damaged);
   }
-  if (bytes[2] != 0x08) {
-    throw DataError(file.string() + ": IDX element type 0x" + std::to_string(bytes[2]) +
+  if (header[2] != 0x08) {
+    throw DataError(file.string() + ": IDX element type 0x" + std::to_string(header[2]) +
                         " is not unsigned byte (0x08)", damaged);
   }
-  const int dims = bytes[3];
-  if (dims < 1 || dims > 4 || bytes.size() < 4 + 4 * static_cast<size_t>(dims)) {
+  const int dims = header[3];
+  if (dims < 1 || dims > 4 || in.read(header.data() + 4, 4 * dims) < 4 * dims) {
     throw DataError(file.string() + ": bad IDX header (" + std::to_string(dims) + " dimensions)",
                     damaged);
   }
   std::vector<std::int64_t> shape;
   std::int64_t count = 1;
   for (int d = 0; d < dims; ++d) {
-    shape.push_back(big_endian(&bytes[4 + 4 * d]));
-    count *= shape.back();
-  }
-  const size_t offset = 4 + 4 * static_cast<size_t>(dims);
-  const auto have = static_cast<std::int64_t>(bytes.size() - offset);
-  if (have != count) {
-    throw DataError(file.string() + (have < count ? ": truncated" : ": has trailing bytes") +
-                        ": the header promises " + std::to_string(count) + " bytes of data, the "
-                        "file holds " + std::to_string(have), damaged);
+    shape.push_back(big_endian(&header[4 + 4 * d]));
+    if (shape.back() == 0) {
+      throw DataError(file.string() + ": dimension " + std::to_string(d + 1) +
+                          " of the IDX header is 0 (no data)", damaged);
+    }
+    count *= shape.back();  // below 2^30 x 2^32: no overflow
+    if (count > kMaxIdxBytes) {
+      throw DataError(file.string() + ": the header promises more than " +
+                          std::to_string(kMaxIdxBytes) + " bytes of data, more than any "
+                          "dataset of this course", damaged);
+    }
   }
   at::Tensor tensor = at::empty(shape, at::kByte);
-  std::memcpy(tensor.data_ptr<std::uint8_t>(), bytes.data() + offset, static_cast<size_t>(count));
+  const std::int64_t have = in.read(tensor.data_ptr<std::uint8_t>(), count);
+  std::uint8_t extra = 0;
+  if (have < count || in.read(&extra, 1) != 0) {
+    throw DataError(file.string() + (have < count ? ": truncated" : ": has trailing bytes") +
+                        ": the header promises " + std::to_string(count) + " bytes of data, the "
+                        "file holds " + (have < count ? std::to_string(have) : "more"), damaged);
+  }
   return tensor;
 }
 

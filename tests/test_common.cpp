@@ -197,6 +197,42 @@ TEST_F(IdxTest, TruncatedFileIsDataError) {
   }
 }
 
+// Tests that a header promising more data than any dataset is refused before anything is
+// allocated, and that the product of the dimensions cannot wrap around: 2^31 x 4 x 2^31 x 4 is
+// 4 modulo 2^64, which 4 bytes of data would otherwise match.
+TEST_F(IdxTest, HugeHeaderIsDataErrorBeforeAllocating) {
+  for (const auto& dims : std::vector<std::vector<std::uint32_t>>{
+           {0xffffffffu}, {65536, 65536}, {0x80000000u, 4, 0x80000000u, 4}, {1, 1, 1, 1u << 31}}) {
+    auto bytes = header(dims);
+    bytes.resize(bytes.size() + 4);
+    try {
+      course::read_idx(write_plain("huge.idx", bytes));
+      FAIL() << "no error for " << dims.size() << " dimensions";
+    } catch (const course::DataError& error) {
+      EXPECT_NE(std::string(error.what()).find("promises more than"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+// Tests that data past what the header promises is refused, and that a gzip bomb (a small file
+// inflating to far more than the header promises) is refused after reading one byte too many.
+TEST_F(IdxTest, TrailingBytesAndGzipBombAreDataErrors) {
+  auto bytes = header({4});
+  bytes.resize(bytes.size() + 5);
+  EXPECT_THROW(course::read_idx(write_plain("trailing.idx", bytes)), course::DataError);
+  bytes = header({4});
+  bytes.resize(bytes.size() + (std::size_t{256} << 20));  // 256 MiB of zeros: about 256 KiB gzipped
+  const fs::path bomb = write_gz("bomb.gz", bytes);
+  EXPECT_LT(fs::file_size(bomb), std::uintmax_t{1} << 20);
+  try {
+    course::read_idx(bomb);
+    FAIL() << "no error";
+  } catch (const course::DataError& error) {
+    EXPECT_NE(std::string(error.what()).find("trailing bytes"), std::string::npos) << error.what();
+  }
+}
+
 // Tests that a file with the wrong magic number is a DataError.
 TEST_F(IdxTest, WrongMagicIsDataError) {
   const std::vector<std::uint8_t> bytes = {0x1f, 0x00, 0x08, 0x01, 0, 0, 0, 1, 42};

@@ -361,6 +361,59 @@ void tag_storages_cuda(const std::string& from, const std::string& to) {
   out.writeEndOfFile();
 }
 
+// Copies the zip at `from` to `to` with fc3.bias's stride pickled as 2 instead of 1: its 10
+// elements then span 19 floats, past the end of their storage (10 floats in a state_dict; in a
+// checkpoint, the flat parameters, which fc3.bias ends). The zip's CRCs are written anew, as a
+// damaged file could carry them.
+void stretch_fc3_bias(const std::string& from, const std::string& to) {
+  caffe2::serialize::PyTorchStreamReader in(from);
+  caffe2::serialize::PyTorchStreamWriter out(to);
+  // LibTorch's pickler writes a tuple as MARK, items, TUPLE: (10,) then (1,).
+  const std::string size("(K\x0at", 4), stride("(K\x01t", 4);
+  bool patched = false;
+  for (const std::string& name : in.getAllRecords()) {
+    if (name == "version" || name == ".data/version") continue;  // the writer adds its own
+    auto [data, length] = in.getRecord(name);
+    std::string bytes(static_cast<const char*>(data.get()), length);
+    const std::size_t at = bytes.find(size);
+    const std::size_t next = at == std::string::npos ? at : bytes.find(stride, at);
+    if (name.size() >= 8 && name.compare(name.size() - 8, 8, "data.pkl") == 0 &&
+        next != std::string::npos && next < at + 12) {
+      bytes[next + 2] = 2;
+      patched = true;
+    }
+    out.writeRecord(name, bytes.data(), bytes.size());
+  }
+  out.writeEndOfFile();
+  ASSERT_TRUE(patched) << from;
+}
+
+// Tests that a tensor whose pickled sizes and strides reach past its storage is refused, in a
+// checkpoint and in a state_dict, before anything reads it.
+TEST_F(CheckpointTest, TensorsReachingPastTheirStorageAreRefused) {
+  lesson05::Trainer trainer = run(1, scratch.file("good.pt"));
+  lesson10::write_python_state_dict(trainer.model, scratch.file("good_state_dict.pt"));
+  stretch_fc3_bias(scratch.file("good.pt"), scratch.file("stretched.pt"));
+  stretch_fc3_bias(scratch.file("good_state_dict.pt"), scratch.file("stretched_state_dict.pt"));
+  lesson05::Trainer victim = lesson05::make_trainer(kCpu, lesson10::kSeed + 1);
+  const torch::Tensor before = victim.flat.values.clone();
+  for (const std::string& file : {scratch.file("stretched.pt"), scratch.file("stretched_state_dict.pt")}) {
+    try {
+      if (file == scratch.file("stretched.pt")) {
+        lesson10::load_checkpoint(victim, kCpu, file);
+      } else {
+        lesson10::read_python_state_dict(file);
+      }
+      ADD_FAILURE() << file << " was accepted";
+    } catch (const CheckpointError& error) {
+      EXPECT_NE(std::string(error.what()).find("'fc3.bias' ([10]) reaches past the"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_TRUE(torch::equal(victim.flat.values, before));
+}
+
 // Tests map_location without a GPU: a checkpoint whose storages say cuda:0 loads onto the CPU,
 // the optimizer's state with it. (On a GPU, CudaTest.CheckpointsMoveBetweenCpuAndCuda saves a
 // real one.)
