@@ -39,8 +39,10 @@
 //         Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad checkpoint, 130 stopped by Ctrl-C.
 #include "checkpointing.h"
 
-#include <ATen/core/ivalue.h>                   // defines: IValue::make_capsule
-#include <caffe2/serialize/inline_container.h>  // defines: PyTorchStreamReader/Writer (zip)
+#include <ATen/core/ivalue.h>                    // defines: IValue::make_capsule
+#include <caffe2/serialize/in_memory_adapter.h>  // defines: MemoryReadAdapter
+#include <caffe2/serialize/inline_container.h>   // defines: PyTorchStreamReader/Writer (zip)
+#include <caffe2/serialize/versions.h>           // defines: kMin/kMaxSupportedFileFormatVersion
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -58,11 +60,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "common/cli.h"      // defines: Cli, CpuThreads, start_lesson
 #include "common/data.h"     // defines: find_fashion_mnist, load_fashion_mnist
@@ -246,12 +251,16 @@ std::string shape(const torch::Tensor& t) {
 // of the bytes the file gave it.
 void check_in_storage(const torch::Tensor& tensor, const std::string& what,
                       const std::string& path) {
-  if (!tensor.defined() || tensor.numel() == 0) return;
+  if (!tensor.defined()) return;
   const auto refuse = [&] {
     throw CheckpointError(path + ": " + what + " (" + shape(tensor) + ") reaches past the " +
                               std::to_string(tensor.storage().nbytes()) + " bytes stored for it",
                           "the file is damaged: restore a backup, or save it again");
   };
+  for (const std::int64_t size : tensor.sizes()) {
+    if (size < 0) refuse();  // the unpickler takes negative sizes too
+  }
+  if (tensor.numel() == 0) return;
   if (tensor.storage_offset() < 0) refuse();
   std::int64_t last = tensor.storage_offset();  // the furthest element, in elements
   for (std::int64_t d = 0; d < tensor.dim(); ++d) {
@@ -276,49 +285,396 @@ std::uint64_t little_endian(const std::string& bytes, std::size_t at, int size) 
   return value;
 }
 
-// The CRC-32 the zip's central directory records for each entry, by name. LibTorch's zip reader
-// does not check them, and a state_dict has no checksum of its own: without this, a damaged
-// tensor in a Python file would load silently. Empty when the directory cannot be found (the
-// zip reader then reports the file as broken).
-std::vector<std::pair<std::string, std::uint32_t>> zip_crcs(const std::string& zip) {
-  std::vector<std::pair<std::string, std::uint32_t>> crcs;
-  const std::size_t end = zip.rfind(std::string("PK\x05\x06", 4));  // end of central directory
-  if (end == std::string::npos || end + 22 > zip.size()) return crcs;
+// One entry of a zip's central directory.
+struct ZipEntry {
+  std::string name;
+  std::uint32_t crc = 0;
+  std::uint64_t compressed = 0, size = 0, local_header = 0, method = 0, flags = 0, attributes = 0;
+};
+
+// The zip's central directory, found the way LibTorch's zip reader (miniz) finds it: the last
+// end-of-directory record, or the zip64 one that a zip64 locator just before it points at.
+// Empty when there is none, or when an entry runs past the file. (LibTorch's reader does not
+// check the CRC-32s recorded here, and a state_dict has no checksum of its own: check_crcs does.)
+std::vector<ZipEntry> zip_directory(const std::string& zip) {
+  std::vector<ZipEntry> entries;
+  if (zip.size() < 22) return entries;
+  const std::size_t end = zip.rfind(std::string("PK\x05\x06", 4), zip.size() - 22);
+  if (end == std::string::npos) return entries;
+  std::uint64_t count = little_endian(zip, end + 10, 2);
   std::uint64_t offset = little_endian(zip, end + 16, 4);
-  std::uint64_t entries = little_endian(zip, end + 10, 2);
-  if (offset == 0xffffffffu || entries == 0xffffu) {  // zip64: the locator just before
-    if (end < 20 || zip.compare(end - 20, 4, std::string("PK\x06\x07", 4)) != 0) return crcs;
+  if (end >= 20 + 56 && zip.compare(end - 20, 4, "PK\x06\x07") == 0) {  // a zip64 locator
     const std::uint64_t eocd64 = little_endian(zip, end - 20 + 8, 8);
-    if (eocd64 > zip.size() || zip.size() - eocd64 < 56) return crcs;  // no wrap-around
-    entries = little_endian(zip, eocd64 + 32, 8);
-    offset = little_endian(zip, eocd64 + 48, 8);
+    if (eocd64 > zip.size() - 56) return entries;  // no wrap-around
+    if (zip.compare(eocd64, 4, "PK\x06\x06") == 0) {
+      count = little_endian(zip, eocd64 + 32, 8);
+      offset = little_endian(zip, eocd64 + 48, 8);
+    }
   }
-  for (std::uint64_t i = 0; i < entries; ++i) {
+  for (std::uint64_t i = 0; i < count; ++i) {  // each entry is 46 bytes or more: count is bounded
     if (offset > zip.size() || zip.size() - offset < 46 ||
-        zip.compare(offset, 4, std::string("PK\x01\x02", 4)) != 0) {
-      crcs.clear();
-      return crcs;
+        zip.compare(offset, 4, "PK\x01\x02") != 0) {
+      entries.clear();
+      return entries;
     }
     const std::uint64_t name = little_endian(zip, offset + 28, 2);
     const std::uint64_t extra = little_endian(zip, offset + 30, 2);
     const std::uint64_t comment = little_endian(zip, offset + 32, 2);
-    if (zip.size() - offset - 46 < name) break;
-    crcs.emplace_back(zip.substr(offset + 46, name),
-                      static_cast<std::uint32_t>(little_endian(zip, offset + 16, 4)));
+    if (zip.size() - offset - 46 < name) {
+      entries.clear();
+      return entries;
+    }
+    ZipEntry entry;
+    entry.name = zip.substr(offset + 46, name);
+    entry.flags = little_endian(zip, offset + 8, 2);
+    entry.method = little_endian(zip, offset + 10, 2);
+    entry.crc = static_cast<std::uint32_t>(little_endian(zip, offset + 16, 4));
+    entry.compressed = little_endian(zip, offset + 20, 4);
+    entry.size = little_endian(zip, offset + 24, 4);
+    entry.attributes = little_endian(zip, offset + 38, 4);
+    entry.local_header = little_endian(zip, offset + 42, 4);
+    entries.push_back(std::move(entry));
     offset += 46 + name + extra + comment;
   }
-  return crcs;
+  return entries;
+}
+
+// What the pickle check keeps of a value on the unpickler's stack: its kind, and the parts a
+// storage reference (BINPERSID's tuple) is made of. Shared, as LibTorch's IValues are: a value
+// read back from the memo a million times costs a pointer each time, not a copy.
+struct PickleValue {
+  enum Kind { kOther, kInt, kString, kTuple, kScalarType } kind = kOther;
+  std::int64_t number = 0;  // an int, or a scalar type (torch.FloatStorage, ...)
+  std::string text;         // a string
+  std::vector<std::shared_ptr<const PickleValue>> items;  // a tuple's, when it has 8 or fewer
+};
+using PickleRef = std::shared_ptr<const PickleValue>;
+
+// Why LibTorch's unpickler must not see `pickle`, or "" when it may. The check runs the pickle's
+// opcodes on a stack of PickleValues the way LibTorch's torch::jit::Unpickler runs them on its
+// own stack, and refuses what that unpickler does not check (measured and read in LibTorch 1.13;
+// 2.x checks some of it):
+//   - a memo index past the pickle's length: the unpickler grows its memo table to any index
+//     (LONG_BINPUT 0x7174616d: 30 GB, found by fuzz_checkpoint);
+//   - a string longer than the bytes left: it allocates the length before reading;
+//   - an opcode with too few values on the stack, or no MARK, where 1.13 reads past its vectors;
+//   - a storage reference (BINPERSID) whose element count times element size is more than the
+//     record `record_size(key)` holds: the unpickler makes the storage that large, over the
+//     record's smaller buffer, and every read of the tensor then runs past it;
+//   - an opcode the unpickler does not know (it would throw; the check cannot follow it).
+std::string pickle_refusal(
+    const std::string& pickle,
+    const std::function<std::optional<std::uint64_t>(const std::string&)>& record_size) {
+  const PickleRef other = std::make_shared<PickleValue>();
+  std::vector<PickleRef> stack;
+  std::vector<std::size_t> marks;
+  std::unordered_map<std::uint64_t, PickleRef> memo;
+  std::size_t at = 0;
+  auto left = [&] { return pickle.size() - at; };
+  auto take = [&](std::size_t n, std::uint64_t& value) {
+    if (left() < n) return false;
+    value = little_endian(pickle, at, static_cast<int>(n));
+    at += n;
+    return true;
+  };
+  auto line = [&](std::string& text) {  // GLOBAL's module and name
+    const std::size_t end = pickle.find('\n', at);
+    if (end == std::string::npos) return false;
+    text = pickle.substr(at, end - at);
+    at = end + 1;
+    return true;
+  };
+  auto pop_to_mark = [&](std::size_t& start) {
+    if (marks.empty()) return false;
+    start = marks.back();
+    marks.pop_back();
+    return start <= stack.size();
+  };
+  auto tuple = [&](std::size_t start) {
+    auto value = std::make_shared<PickleValue>();
+    value->kind = PickleValue::kTuple;
+    if (stack.size() - start <= 8) {
+      value->items.assign(stack.begin() + static_cast<std::ptrdiff_t>(start), stack.end());
+    }
+    stack.resize(start);
+    stack.push_back(std::move(value));
+  };
+  std::uint64_t n = 0;
+  if (!take(1, n) || n != 0x80 || !take(1, n) || n != 2) return "it is not a protocol 2 pickle";
+  while (true) {
+    std::uint64_t opcode = 0;
+    if (!take(1, opcode)) return "its pickle ends before its STOP";
+    std::size_t start = 0;
+    auto value = std::make_shared<PickleValue>();
+    switch (opcode) {
+      case '.':  // STOP
+        return "";
+      case '}':
+      case ']':
+      case 'N':
+      case 0x88:
+      case 0x89:  // empty dict, list; None, True, False
+        stack.push_back(other);
+        break;
+      case ')':  // EMPTY_TUPLE
+        tuple(stack.size());
+        break;
+      case '(':  // MARK
+        marks.push_back(stack.size());
+        break;
+      case 'q':
+      case 'r':  // BINPUT, LONG_BINPUT
+        if (!take(opcode == 'q' ? 1 : 4, n)) return "its pickle is cut short";
+        if (stack.empty()) return "its pickle memoizes from an empty stack";
+        if (n >= pickle.size()) return "its pickle has a memo index past its own length";
+        memo[n] = stack.back();
+        break;
+      case 'h':
+      case 'j': {  // BINGET, LONG_BINGET
+        if (!take(opcode == 'h' ? 1 : 4, n)) return "its pickle is cut short";
+        const auto found = memo.find(n);
+        if (found == memo.end()) return "its pickle reads a memo entry it never wrote";
+        stack.push_back(found->second);
+        break;
+      }
+      case 'K':
+      case 'M':
+      case 'J':
+      case 0x8a:  // BININT1, BININT2, BININT, LONG1
+        if (opcode == 0x8a && (!take(1, n) || n != 8)) return "its pickle has a long int";
+        if (!take(opcode == 'K' ? 1 : opcode == 'M' ? 2 : opcode == 'J' ? 4 : 8, n)) {
+          return "its pickle is cut short";
+        }
+        value->kind = PickleValue::kInt;
+        value->number = opcode == 'J' ? static_cast<std::int32_t>(n) : static_cast<std::int64_t>(n);
+        stack.push_back(std::move(value));
+        break;
+      case 'X':
+      case 0x8d:  // BINUNICODE, BINUNICODE8
+        if (!take(opcode == 'X' ? 4 : 8, n)) return "its pickle is cut short";
+        if (n > left()) return "its pickle has a string longer than the pickle";
+        value->kind = PickleValue::kString;
+        value->text = pickle.substr(at, n);
+        at += n;
+        stack.push_back(std::move(value));
+        break;
+      case 'G':  // BINFLOAT
+        if (!take(8, n)) return "its pickle is cut short";
+        stack.push_back(other);
+        break;
+      case 't':  // TUPLE
+        if (!pop_to_mark(start)) return "its pickle builds a tuple without its MARK";
+        tuple(start);
+        break;
+      case 0x85:
+      case 0x86:
+      case 0x87:  // TUPLE1, TUPLE2, TUPLE3
+        if (stack.size() < opcode - 0x84) return "its pickle builds a tuple from nothing";
+        tuple(stack.size() - (opcode - 0x84));
+        break;
+      case 'l':
+      case 'd':  // LIST, DICT
+        if (!pop_to_mark(start)) return "its pickle builds a container without its MARK";
+        if (opcode == 'd' && (stack.size() - start) % 2 != 0) return "its pickle has a key alone";
+        stack.resize(start);
+        stack.push_back(other);
+        break;
+      case 'e':
+      case 'u':  // APPENDS, SETITEMS
+        if (!pop_to_mark(start) || start == 0)
+          return "its pickle fills a container without its MARK";
+        if (opcode == 'u' && (stack.size() - start) % 2 != 0) return "its pickle has a key alone";
+        stack.resize(start);
+        break;
+      case 'a':
+      case 's':  // APPEND, SETITEM
+        if (stack.size() < (opcode == 'a' ? 2u : 3u)) return "its pickle fills nothing";
+        stack.resize(stack.size() - (opcode == 'a' ? 1 : 2));
+        break;
+      case 'c': {  // GLOBAL: torch.FloatStorage and the like stand for their scalar type
+        std::string module, name;
+        if (!line(module) || !line(name)) return "its pickle is cut short";
+        if (module == "torch") {
+#define GPU_LESSONS_STORAGE(_, type)                                  \
+  if (name == #type "Storage") {                                      \
+    value->kind = PickleValue::kScalarType;                           \
+    value->number = static_cast<std::int64_t>(c10::ScalarType::type); \
+  }
+          AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(GPU_LESSONS_STORAGE)
+#undef GPU_LESSONS_STORAGE
+        }
+        stack.push_back(std::move(value));
+        break;
+      }
+      case 0x81:  // NEWOBJ
+        if (stack.empty()) return "its pickle makes an object from nothing";
+        stack.pop_back();
+        break;
+      case 'b':
+      case 'R':  // BUILD, REDUCE
+        if (stack.size() < 2) return "its pickle calls nothing";
+        stack.resize(stack.size() - 2);
+        stack.push_back(other);
+        break;
+      case 'Q': {  // BINPERSID: ('storage', scalar type, key, location, element count)
+        if (stack.empty()) return "its pickle refers to a storage with nothing";
+        const PickleRef reference = std::move(stack.back());
+        stack.pop_back();
+        const auto& items = reference->items;
+        if (items.size() < 5 || items[2]->kind != PickleValue::kString ||
+            items[4]->kind != PickleValue::kInt ||
+            (items[1]->kind != PickleValue::kScalarType && items[1]->kind != PickleValue::kInt) ||
+            items[1]->number < 0 ||
+            items[1]->number >= static_cast<std::int64_t>(c10::ScalarType::NumOptions) ||
+            items[1]->number == static_cast<std::int64_t>(c10::ScalarType::Undefined)) {
+          return "its pickle has a storage reference the lesson cannot check";
+        }
+        const auto type = static_cast<c10::ScalarType>(items[1]->number);
+        const std::string& key = items[2]->text;
+        const std::optional<std::uint64_t> stored = record_size(key);
+        std::int64_t bytes = 0;
+        if (!stored || items[4]->number < 0 ||
+            __builtin_mul_overflow(items[4]->number,
+                                   static_cast<std::int64_t>(c10::elementSize(type)), &bytes) ||
+            static_cast<std::uint64_t>(bytes) > *stored) {
+          return "its storage '" + key.substr(0, 40) + "' is larger than the record holding it";
+        }
+        stack.push_back(other);  // the tensor
+        break;
+      }
+      default:
+        return "its pickle has an opcode LibTorch does not read (" + std::to_string(opcode) + ")";
+    }
+  }
+}
+
+std::string lower_ascii(std::string text) {
+  for (char& c : text) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  return text;
+}
+
+// The size of each record by its name as LibTorch's zip reader finds it, ignoring ASCII case (the
+// smallest, where several names differ only in case).
+std::unordered_map<std::string, std::uint64_t> record_sizes(
+    const std::vector<ZipEntry>& directory) {
+  std::unordered_map<std::string, std::uint64_t> sizes;
+  for (const ZipEntry& entry : directory) {
+    const auto [found, added] = sizes.emplace(lower_ascii(entry.name), entry.size);
+    if (!added) found->second = std::min(found->second, entry.size);
+  }
+  return sizes;
+}
+
+// For pickle_refusal: the size of the record a storage key names, in `folder` (lower case).
+std::function<std::optional<std::uint64_t>(const std::string&)> storage_sizes(
+    std::unordered_map<std::string, std::uint64_t> sizes, const std::string& folder) {
+  return
+      [sizes = std::move(sizes), folder](const std::string& key) -> std::optional<std::uint64_t> {
+        const auto found = sizes.find(folder + lower_ascii(key));
+        if (found == sizes.end()) return std::nullopt;
+        return found->second;
+      };
+}
+
+// Why LibTorch's zip reader (caffe2::serialize::PyTorchStreamReader) would refuse `zip`, or ""
+// when it opens it. Its constructor reads the directory, then the first entry's folder (every
+// record's prefix), ".data/serialization_id" if there is one, and the format version from
+// ".data/version" or "version". When any of that fails after the directory was read, it throws
+// without freeing the directory (measured on LibTorch 1.13: every such file leaks it), so the
+// lesson refuses those files itself, before LibTorch sees them: fuzz/regressions/fuzz_checkpoint.
+std::string zip_refusal(const std::string& zip, const std::vector<ZipEntry>& directory) {
+  if (zip.empty()) return "the file is empty";
+  if (directory.empty()) return "no zip directory: the file is cut short, or not a zip archive";
+  const std::string& first = directory.front().name;
+  const std::size_t slash = first.find('/');
+  if (slash == std::string::npos || first.find('\0') < slash) {
+    return "its first entry is not in a folder";
+  }
+  // The reader finds a record by name ignoring ASCII case: every entry it might pick must read.
+  const auto lower = lower_ascii;
+  auto records_named = [&](const std::string& name) {
+    std::vector<const ZipEntry*> found;
+    const std::string wanted = lower(name);
+    for (const ZipEntry& entry : directory) {
+      if (lower(entry.name) == wanted) found.push_back(&entry);
+    }
+    return found;
+  };
+  auto records = [&](const std::string& record) {
+    return records_named(first.substr(0, slash + 1) + record);
+  };
+  // A stored (uncompressed) record that lies inside the file, and whose bytes match the CRC-32
+  // the directory records for them.
+  auto stored = [&](const ZipEntry& entry, std::string& bytes, bool check_crc) {
+    const std::uint64_t at = entry.local_header;
+    if ((entry.flags & 0x61) != 0 || entry.method != 0 || (entry.attributes & 0x10) != 0 ||
+        entry.size == 0 || entry.size != entry.compressed || entry.size == 0xffffffffu ||
+        at == 0xffffffffu || at > zip.size() || zip.size() - at < 30 ||
+        zip.compare(at, 4, "PK\x03\x04") != 0) {
+      return false;
+    }
+    const std::uint64_t data =
+        at + 30 + little_endian(zip, at + 26, 2) + little_endian(zip, at + 28, 2);
+    if (data > zip.size() || zip.size() - data < entry.size) return false;
+    bytes = zip.substr(data, entry.size);
+    return !check_crc ||
+           crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()) == entry.crc;
+  };
+  std::string bytes;
+  for (const ZipEntry* id : records(".data/serialization_id")) {
+    if (!stored(*id, bytes, true)) return "its serialization id is damaged";
+  }
+  std::vector<const ZipEntry*> versions = records(".data/version");
+  if (versions.empty()) versions = records("version");
+  if (versions.empty()) return "it has no format version";
+  for (const ZipEntry* version : versions) {
+    if (!stored(*version, bytes, true)) return "its format version is damaged";
+    constexpr std::uint64_t kMin = caffe2::serialize::kMinSupportedFileFormatVersion;
+    constexpr std::uint64_t kMax = caffe2::serialize::kMaxSupportedFileFormatVersion;
+    std::uint64_t number = 0;
+    std::size_t digits = 0;
+    while (digits < bytes.size() && digits < 8 && bytes[digits] >= '0' && bytes[digits] <= '9') {
+      number = number * 10 + static_cast<std::uint64_t>(bytes[digits++] - '0');
+    }
+    if (digits == 0 || number < kMin || number > kMax) {
+      return "its format version is not one LibTorch reads (" + std::to_string(kMin) + " to " +
+             std::to_string(kMax) + ")";
+    }
+  }
+  const std::unordered_map<std::string, std::uint64_t> sizes = record_sizes(directory);
+  // What LibTorch reads after its constructor: every record, into a buffer of the size the
+  // directory gives before a byte is read (so no entry may claim more than its bytes can hold),
+  // and every pickle, through its unpickler (pickle_refusal).
+  for (const ZipEntry& entry : directory) {
+    if (entry.size == 0xffffffffu || entry.compressed == 0xffffffffu) {
+      return "it has an entry of 4 GiB or more";  // zip64 sizes: LibTorch's own files have none
+    }
+    if (entry.method == 8 ? entry.size / 1032 > entry.compressed  // deflate's largest ratio
+                          : entry.size > entry.compressed) {
+      return "its entry " + entry.name.substr(0, 80) + " claims more bytes than it holds";
+    }
+    const bool pickle =
+        entry.name.size() >= 3 && lower(entry.name.substr(entry.name.size() - 3)) == "pkl";
+    if (!pickle) continue;
+    if (!stored(entry, bytes, !kFuzzing)) {
+      return "its pickle " + entry.name.substr(0, 80) + " is damaged";
+    }
+    // A storage key names a record beside the pickle: archive/data.pkl's "0" is archive/data/0.
+    std::string folder = lower(entry.name);
+    if (folder.size() >= 4 && folder.compare(folder.size() - 4, 4, ".pkl") == 0) {
+      folder.resize(folder.size() - 4);
+    }
+    folder += '/';
+    const std::string refusal = pickle_refusal(bytes, storage_sizes(sizes, folder));
+    if (!refusal.empty()) return refusal;
+  }
+  return "";
 }
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
-
-// LibTorch's zip reader (PyTorchStreamReader, 1.13) loses about 1 KB each time it refuses a file
-// whose zip directory it cannot read: its constructor throws before it frees miniz's state. The
-// lesson refuses such files itself, before LibTorch sees them.
-bool has_zip_directory(const std::string& path) { return !zip_crcs(read_file(path)).empty(); }
 
 // Opens any LibTorch archive, mapping every tensor onto `device` (Python's map_location).
 torch::serialize::InputArchive open_archive(const std::string& path, const torch::Device& device) {
@@ -329,17 +685,22 @@ torch::serialize::InputArchive open_archive(const std::string& path, const torch
   if (!fs::is_regular_file(path)) {
     throw CheckpointError(path + " is not a file", "give the path of a checkpoint file");
   }
+  // The file is read once: what is checked is what LibTorch reads.
+  const std::string bytes = read_file(path);
+  const std::string refusal = zip_refusal(bytes, zip_directory(bytes));
   torch::serialize::InputArchive archive;
   try {
-    if (!has_zip_directory(path)) throw std::runtime_error("no readable zip directory");
-    archive.load_from(path, device);
+    if (!refusal.empty()) throw std::runtime_error(refusal);
+    archive.load_from(bytes.data(), bytes.size(), device);
   } catch (const std::exception& e) {
     bool state_dict = false;  // torch.save's zip (data.pkl) rather than a module's (constants.pkl)?
-    try {
-      if (!has_zip_directory(path)) throw std::runtime_error("no readable zip directory");
-      caffe2::serialize::PyTorchStreamReader zip(path);
-      state_dict = zip.hasRecord("data.pkl") && !zip.hasRecord("constants.pkl");
-    } catch (const std::exception&) {
+    if (refusal.empty()) {
+      try {
+        caffe2::serialize::PyTorchStreamReader zip(
+            std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
+        state_dict = zip.hasRecord("data.pkl") && !zip.hasRecord("constants.pkl");
+      } catch (const std::exception&) {
+      }
     }
     if (state_dict) {
       throw CheckpointError(path +
@@ -602,19 +963,18 @@ std::string plain_dict_pickle(std::string pickle) {
 namespace {
 
 // Checks every record `zip` lists against the CRC the file records for it.
-void check_crcs(caffe2::serialize::PyTorchStreamReader& zip, const std::string& path) {
-  const auto crcs = zip_crcs(read_file(path));
-  if (crcs.empty()) throw std::runtime_error("no readable central directory");
+void check_crcs(caffe2::serialize::PyTorchStreamReader& zip, const std::vector<ZipEntry>& directory,
+                const std::string& path) {
   for (const std::string& record : zip.getAllRecords()) {
-    const auto found = std::find_if(crcs.begin(), crcs.end(), [&](const auto& entry) {
-      return entry.first.size() > record.size() &&
-             entry.first.compare(entry.first.size() - record.size() - 1, std::string::npos,
-                                 "/" + record) == 0;
+    const auto found = std::find_if(directory.begin(), directory.end(), [&](const ZipEntry& entry) {
+      return entry.name.size() > record.size() &&
+             entry.name.compare(entry.name.size() - record.size() - 1, std::string::npos,
+                                "/" + record) == 0;
     });
     auto [data, size] = zip.getRecord(record);
     const auto crc = static_cast<std::uint32_t>(
         crc32_z(0, static_cast<const Bytef*>(data.get()), size));
-    if ((found == crcs.end() || found->second != crc) && !kFuzzing) {
+    if ((found == directory.end() || found->crc != crc) && !kFuzzing) {
       throw CheckpointError(path + " is corrupt: its entry " + record +
                                 " does not match the CRC-32 the zip records for it",
                             "the file changed after Python saved it (disk or copy error): save "
@@ -634,13 +994,24 @@ Entries read_python_state_dict(const std::string& path) {
   c10::IValue value;
   try {
     // torch.save's format: a zip with data.pkl (the pickle) and data/<key> (each storage's bytes).
-    if (!has_zip_directory(path)) throw std::runtime_error("no readable zip directory");
-    caffe2::serialize::PyTorchStreamReader zip(path);
+    // The file is read once: what is checked is what LibTorch reads.
+    const std::string file = read_file(path);
+    const std::vector<ZipEntry> directory = zip_directory(file);
+    const std::string refusal = zip_refusal(file, directory);
+    if (!refusal.empty()) throw std::runtime_error(refusal);
+    caffe2::serialize::PyTorchStreamReader zip(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(file.data(), file.size()));
     if (!zip.hasRecord("data.pkl")) throw std::runtime_error("no data.pkl in the zip");
-    check_crcs(zip, path);
+    check_crcs(zip, directory, path);
     auto [bytes, size] = zip.getRecord("data.pkl");
     const std::string pickle =
         plain_dict_pickle(std::string(static_cast<const char*>(bytes.get()), size));
+    // The rewritten pickle is checked again before LibTorch's unpickler runs it (zip_refusal).
+    const std::string& first = directory.front().name;
+    const std::string folder = lower_ascii(first.substr(0, first.find('/') + 1)) + "data/";
+    const std::string unsafe =
+        pickle_refusal(pickle, storage_sizes(record_sizes(directory), folder));
+    if (!unsafe.empty()) throw std::runtime_error(unsafe);
     std::size_t offset = 0;
     auto read = [&](char* buffer, std::size_t n) {
       n = std::min(n, pickle.size() - offset);
