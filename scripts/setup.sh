@@ -4,7 +4,8 @@
 #   debian  Debian's packages: libtorch-dev (LibTorch 1.13, CPU) and python3-torch (the same
 #           build, for the Python yardstick and the tests that read files Python wrote), and
 #           OpenBLAS (OpenMP) selected as the system BLAS: LibTorch runs on whatever BLAS the
-#           system provides, and the reference BLAS is about 30x slower.
+#           system provides, and the reference BLAS is about 30x slower; clang and
+#           libclang-rt-dev for the fuzz targets, which this flavour's suite runs.
 #   2.11    torch==2.11.0 from PyPI (CUDA 13) in the project's virtual environment .venv; needs
 #           the CUDA toolkit of the same major version (nvcc on the PATH) to configure.
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
@@ -29,7 +30,8 @@ fi
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
           dataset-fashion-mnist libgloo-dev python3)
 case "$flavour" in
-  debian) packages+=(libtorch-dev python3-torch libopenblas0-openmp) ;;
+  # clang and its runtimes: the fuzz targets (libFuzzer), which the debian flavour's suite runs.
+  debian) packages+=(libtorch-dev python3-torch libopenblas0-openmp clang libclang-rt-dev) ;;
   2.11) packages+=(python3-venv) ;;
 esac
 
