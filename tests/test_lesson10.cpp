@@ -509,8 +509,9 @@ void write_zip(const std::string& path,
 
 // Tests the pickles that LibTorch 1.13's unpickler would run into trouble on, each with correct
 // CRCs: it would grow its memo table to any index (30 GB for the one the fuzzer found), allocate
-// a string's length before reading it, read past its stack or its marks, or make a storage
-// larger than the record holding it. The lesson refuses each before the unpickler sees it.
+// a string's length before reading it, read past its stack or its marks, make a storage larger
+// than the record holding it, leak a list that holds itself, or overflow its stack freeing
+// values nested a thousand deep. The lesson refuses each before the unpickler sees it.
 TEST_F(CheckpointTest, PicklesLibTorchsUnpicklerCannotTakeAreRefusedFirst) {
   const std::string storage = bytes_of(
       "\x80\x02(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
@@ -530,6 +531,10 @@ TEST_F(CheckpointTest, PicklesLibTorchsUnpicklerCannotTakeAreRefusedFirst) {
       {bytes_of("\x80\x02\x81."), "makes an object from nothing"},
       {bytes_of("\x80\x02N"), "ends before its STOP"},
       {bytes_of("\x80\x02\xff."), "an opcode LibTorch does not read"},
+      {bytes_of("\x80\x02](q\x00h\x00"
+                "e."),
+       "a container that holds itself"},  // L.append(L)
+      {bytes_of("\x80\x02N") + std::string(1001, '\x85') + ".", "more than 1000 deep"},
       {storage + bytes_of("K\x0btQ."), "larger than the record holding it"},  // 11 floats
       {storage + bytes_of("J\x00\x00\x00\x40tQ."), "larger than the record holding it"},
       {storage + bytes_of("X\x01\x00\x00\x00"

@@ -339,19 +339,18 @@ std::vector<ZipEntry> zip_directory(const std::string& zip) {
   return entries;
 }
 
-// What the pickle check keeps of a value on the unpickler's stack: its kind, and the parts a
-// storage reference (BINPERSID's tuple) is made of. Shared, as LibTorch's IValues are: a value
-// read back from the memo a million times costs a pointer each time, not a copy.
-struct PickleValue {
+// A value the pickle check follows: what LibTorch's unpickler would hold, as far as the check
+// needs it. Values live in one vector and refer to each other by index, as LibTorch's IValues
+// refer to each other by pointer: a container read back from the memo is the same container.
+struct PickleNode {
   enum Kind { kOther, kInt, kString, kTuple, kScalarType } kind = kOther;
-  std::int64_t number = 0;  // an int, or a scalar type (torch.FloatStorage, ...)
-  std::string text;         // a string
-  std::vector<std::shared_ptr<const PickleValue>> items;  // a tuple's, when it has 8 or fewer
+  std::int64_t number = 0;              // an int, or a scalar type (torch.FloatStorage, ...)
+  std::string text;                     // a string
+  std::vector<std::uint32_t> children;  // what it holds: items, or a call's function and input
 };
-using PickleRef = std::shared_ptr<const PickleValue>;
 
 // Why LibTorch's unpickler must not see `pickle`, or "" when it may. The check runs the pickle's
-// opcodes on a stack of PickleValues the way LibTorch's torch::jit::Unpickler runs them on its
+// opcodes on a stack of PickleNodes the way LibTorch's torch::jit::Unpickler runs them on its
 // own stack, and refuses what that unpickler does not check (measured and read in LibTorch 1.13;
 // 2.x checks some of it):
 //   - a memo index past the pickle's length: the unpickler grows its memo table to any index
@@ -361,14 +360,17 @@ using PickleRef = std::shared_ptr<const PickleValue>;
 //   - a storage reference (BINPERSID) whose element count times element size is more than the
 //     record `record_size(key)` holds: the unpickler makes the storage that large, over the
 //     record's smaller buffer, and every read of the tensor then runs past it;
+//   - a container that holds itself (its reference counts never reach 0: a leak), and values
+//     nested more than 1000 deep (freeing them recurses once per level, so a deep enough chain
+//     overflows the stack; real files nest a few levels);
 //   - an opcode the unpickler does not know (it would throw; the check cannot follow it).
 std::string pickle_refusal(
     const std::string& pickle,
     const std::function<std::optional<std::uint64_t>(const std::string&)>& record_size) {
-  const PickleRef other = std::make_shared<PickleValue>();
-  std::vector<PickleRef> stack;
+  std::vector<PickleNode> nodes(1);  // nodes[0]: any value the check needs nothing of
+  std::vector<std::uint32_t> stack;
   std::vector<std::size_t> marks;
-  std::unordered_map<std::uint64_t, PickleRef> memo;
+  std::unordered_map<std::uint64_t, std::uint32_t> memo;
   std::size_t at = 0;
   auto left = [&] { return pickle.size() - at; };
   auto take = [&](std::size_t n, std::uint64_t& value) {
@@ -390,34 +392,44 @@ std::string pickle_refusal(
     marks.pop_back();
     return start <= stack.size();
   };
-  auto tuple = [&](std::size_t start) {
-    auto value = std::make_shared<PickleValue>();
-    value->kind = PickleValue::kTuple;
-    if (stack.size() - start <= 8) {
-      value->items.assign(stack.begin() + static_cast<std::ptrdiff_t>(start), stack.end());
-    }
+  // A new value holding the stack's values from `start` on, in their place.
+  auto make = [&](PickleNode::Kind kind, std::size_t start) {
+    PickleNode node;
+    node.kind = kind;
+    node.children.assign(stack.begin() + static_cast<std::ptrdiff_t>(start), stack.end());
     stack.resize(start);
-    stack.push_back(std::move(value));
+    nodes.push_back(std::move(node));
+    stack.push_back(static_cast<std::uint32_t>(nodes.size() - 1));
+  };
+  // The stack's values from `start` on go into the container at `into`.
+  auto fill = [&](std::uint32_t into, std::size_t start) {
+    auto& children = nodes[into].children;
+    children.insert(children.end(), stack.begin() + static_cast<std::ptrdiff_t>(start),
+                    stack.end());
+    stack.resize(start);
   };
   std::uint64_t n = 0;
   if (!take(1, n) || n != 0x80 || !take(1, n) || n != 2) return "it is not a protocol 2 pickle";
-  while (true) {
+  bool stopped = false;
+  while (!stopped) {
     std::uint64_t opcode = 0;
     if (!take(1, opcode)) return "its pickle ends before its STOP";
     std::size_t start = 0;
-    auto value = std::make_shared<PickleValue>();
     switch (opcode) {
       case '.':  // STOP
-        return "";
-      case '}':
-      case ']':
+        stopped = true;
+        break;
       case 'N':
       case 0x88:
-      case 0x89:  // empty dict, list; None, True, False
-        stack.push_back(other);
+      case 0x89:
+      case 'G':  // None, True, False, BINFLOAT
+        if (opcode == 'G' && !take(8, n)) return "its pickle is cut short";
+        stack.push_back(0);
         break;
-      case ')':  // EMPTY_TUPLE
-        tuple(stack.size());
+      case '}':
+      case ']':
+      case ')':  // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
+        make(opcode == ')' ? PickleNode::kTuple : PickleNode::kOther, stack.size());
         break;
       case '(':  // MARK
         marks.push_back(stack.size());
@@ -440,70 +452,74 @@ std::string pickle_refusal(
       case 'K':
       case 'M':
       case 'J':
-      case 0x8a:  // BININT1, BININT2, BININT, LONG1
+      case 0x8a: {  // BININT1, BININT2, BININT, LONG1
         if (opcode == 0x8a && (!take(1, n) || n != 8)) return "its pickle has a long int";
         if (!take(opcode == 'K' ? 1 : opcode == 'M' ? 2 : opcode == 'J' ? 4 : 8, n)) {
           return "its pickle is cut short";
         }
-        value->kind = PickleValue::kInt;
-        value->number = opcode == 'J' ? static_cast<std::int32_t>(n) : static_cast<std::int64_t>(n);
-        stack.push_back(std::move(value));
+        PickleNode node;
+        node.kind = PickleNode::kInt;
+        node.number = opcode == 'J' ? static_cast<std::int32_t>(n) : static_cast<std::int64_t>(n);
+        nodes.push_back(std::move(node));
+        stack.push_back(static_cast<std::uint32_t>(nodes.size() - 1));
         break;
+      }
       case 'X':
-      case 0x8d:  // BINUNICODE, BINUNICODE8
+      case 0x8d: {  // BINUNICODE, BINUNICODE8
         if (!take(opcode == 'X' ? 4 : 8, n)) return "its pickle is cut short";
         if (n > left()) return "its pickle has a string longer than the pickle";
-        value->kind = PickleValue::kString;
-        value->text = pickle.substr(at, n);
+        PickleNode node;
+        node.kind = PickleNode::kString;
+        node.text = pickle.substr(at, n);
         at += n;
-        stack.push_back(std::move(value));
+        nodes.push_back(std::move(node));
+        stack.push_back(static_cast<std::uint32_t>(nodes.size() - 1));
         break;
-      case 'G':  // BINFLOAT
-        if (!take(8, n)) return "its pickle is cut short";
-        stack.push_back(other);
-        break;
+      }
       case 't':  // TUPLE
         if (!pop_to_mark(start)) return "its pickle builds a tuple without its MARK";
-        tuple(start);
+        make(PickleNode::kTuple, start);
         break;
       case 0x85:
       case 0x86:
       case 0x87:  // TUPLE1, TUPLE2, TUPLE3
         if (stack.size() < opcode - 0x84) return "its pickle builds a tuple from nothing";
-        tuple(stack.size() - (opcode - 0x84));
+        make(PickleNode::kTuple, stack.size() - (opcode - 0x84));
         break;
       case 'l':
       case 'd':  // LIST, DICT
         if (!pop_to_mark(start)) return "its pickle builds a container without its MARK";
         if (opcode == 'd' && (stack.size() - start) % 2 != 0) return "its pickle has a key alone";
-        stack.resize(start);
-        stack.push_back(other);
+        make(PickleNode::kOther, start);
         break;
       case 'e':
       case 'u':  // APPENDS, SETITEMS
         if (!pop_to_mark(start) || start == 0)
           return "its pickle fills a container without its MARK";
         if (opcode == 'u' && (stack.size() - start) % 2 != 0) return "its pickle has a key alone";
-        stack.resize(start);
+        fill(stack[start - 1], start);
         break;
       case 'a':
       case 's':  // APPEND, SETITEM
         if (stack.size() < (opcode == 'a' ? 2u : 3u)) return "its pickle fills nothing";
-        stack.resize(stack.size() - (opcode == 'a' ? 1 : 2));
+        start = stack.size() - (opcode == 'a' ? 1 : 2);
+        fill(stack[start - 1], start);
         break;
       case 'c': {  // GLOBAL: torch.FloatStorage and the like stand for their scalar type
         std::string module, name;
         if (!line(module) || !line(name)) return "its pickle is cut short";
+        PickleNode node;
         if (module == "torch") {
-#define GPU_LESSONS_STORAGE(_, type)                                  \
-  if (name == #type "Storage") {                                      \
-    value->kind = PickleValue::kScalarType;                           \
-    value->number = static_cast<std::int64_t>(c10::ScalarType::type); \
+#define GPU_LESSONS_STORAGE(_, type)                                \
+  if (name == #type "Storage") {                                    \
+    node.kind = PickleNode::kScalarType;                            \
+    node.number = static_cast<std::int64_t>(c10::ScalarType::type); \
   }
           AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(GPU_LESSONS_STORAGE)
 #undef GPU_LESSONS_STORAGE
         }
-        stack.push_back(std::move(value));
+        nodes.push_back(std::move(node));
+        stack.push_back(static_cast<std::uint32_t>(nodes.size() - 1));
         break;
       }
       case 0x81:  // NEWOBJ
@@ -511,41 +527,74 @@ std::string pickle_refusal(
         stack.pop_back();
         break;
       case 'b':
-      case 'R':  // BUILD, REDUCE
+      case 'R':  // BUILD, REDUCE: the result may be (or hold) its input
         if (stack.size() < 2) return "its pickle calls nothing";
-        stack.resize(stack.size() - 2);
-        stack.push_back(other);
+        make(PickleNode::kOther, stack.size() - 2);
         break;
       case 'Q': {  // BINPERSID: ('storage', scalar type, key, location, element count)
         if (stack.empty()) return "its pickle refers to a storage with nothing";
-        const PickleRef reference = std::move(stack.back());
+        const PickleNode& reference = nodes[stack.back()];
         stack.pop_back();
-        const auto& items = reference->items;
-        if (items.size() < 5 || items[2]->kind != PickleValue::kString ||
-            items[4]->kind != PickleValue::kInt ||
-            (items[1]->kind != PickleValue::kScalarType && items[1]->kind != PickleValue::kInt) ||
-            items[1]->number < 0 ||
-            items[1]->number >= static_cast<std::int64_t>(c10::ScalarType::NumOptions) ||
-            items[1]->number == static_cast<std::int64_t>(c10::ScalarType::Undefined)) {
+        const std::vector<std::uint32_t>& items = reference.children;
+        if (reference.kind != PickleNode::kTuple || items.size() < 5 ||
+            nodes[items[2]].kind != PickleNode::kString ||
+            nodes[items[4]].kind != PickleNode::kInt ||
+            (nodes[items[1]].kind != PickleNode::kScalarType &&
+             nodes[items[1]].kind != PickleNode::kInt) ||
+            nodes[items[1]].number < 0 ||
+            nodes[items[1]].number >= static_cast<std::int64_t>(c10::ScalarType::NumOptions) ||
+            nodes[items[1]].number == static_cast<std::int64_t>(c10::ScalarType::Undefined)) {
           return "its pickle has a storage reference the lesson cannot check";
         }
-        const auto type = static_cast<c10::ScalarType>(items[1]->number);
-        const std::string& key = items[2]->text;
+        const auto type = static_cast<c10::ScalarType>(nodes[items[1]].number);
+        const std::string& key = nodes[items[2]].text;
+        const std::int64_t count = nodes[items[4]].number;
         const std::optional<std::uint64_t> stored = record_size(key);
         std::int64_t bytes = 0;
-        if (!stored || items[4]->number < 0 ||
-            __builtin_mul_overflow(items[4]->number,
-                                   static_cast<std::int64_t>(c10::elementSize(type)), &bytes) ||
+        if (!stored || count < 0 ||
+            __builtin_mul_overflow(count, static_cast<std::int64_t>(c10::elementSize(type)),
+                                   &bytes) ||
             static_cast<std::uint64_t>(bytes) > *stored) {
           return "its storage '" + key.substr(0, 40) + "' is larger than the record holding it";
         }
-        stack.push_back(other);  // the tensor
+        nodes.emplace_back();  // the tensor
+        stack.push_back(static_cast<std::uint32_t>(nodes.size() - 1));
         break;
       }
       default:
         return "its pickle has an opcode LibTorch does not read (" + std::to_string(opcode) + ")";
     }
   }
+  // Every value, walked without recursion: no value may hold itself, none may nest too deeply.
+  constexpr std::uint32_t kMaxDepth = 1000;
+  std::vector<std::uint8_t> state(nodes.size(), 0);  // 0 not seen, 1 on the path, 2 done
+  std::vector<std::uint32_t> depth(nodes.size(), 1);
+  std::vector<std::pair<std::uint32_t, std::size_t>> path;  // node, next child
+  for (std::uint32_t root = 0; root < nodes.size(); ++root) {
+    if (state[root] != 0) continue;
+    state[root] = 1;
+    path.emplace_back(root, 0);
+    while (!path.empty()) {
+      const std::uint32_t node = path.back().first;
+      const std::size_t next = path.back().second++;
+      if (next < nodes[node].children.size()) {
+        const std::uint32_t child = nodes[node].children[next];
+        if (state[child] == 1) return "its pickle has a container that holds itself";
+        if (state[child] == 0) {
+          state[child] = 1;
+          path.emplace_back(child, 0);
+        }
+        continue;
+      }
+      for (const std::uint32_t child : nodes[node].children) {
+        depth[node] = std::max(depth[node], depth[child] + 1);
+      }
+      if (depth[node] > kMaxDepth) return "its pickle nests values more than 1000 deep";
+      state[node] = 2;
+      path.pop_back();
+    }
+  }
+  return "";
 }
 
 std::string lower_ascii(std::string text) {
