@@ -109,6 +109,28 @@ void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
   generator.set_state(state.to(torch::kCPU));
 }
 
+// Throws a CheckpointError unless the generator on `device` takes `state`: a contiguous byte
+// tensor (the generator reads its bytes from the data pointer, whatever the strides) that
+// LibTorch's own checks accept (size, format, a valid Mersenne Twister state). The generator is
+// tried with it and put back, so that restoring it later, after the model has changed, cannot
+// fail (found by fuzz_checkpoint: a float tensor there threw from set_state after the copies).
+void check_rng_state(const torch::Device& device, const torch::Tensor& state,
+                     const std::string& which, const std::string& path) {
+  const std::string what = path + " has no usable " + which + " generator state";
+  const std::string hint = "restore a backup, or delete it to start over";
+  if (state.scalar_type() != torch::kByte || state.dim() != 1 || !state.is_contiguous()) {
+    throw CheckpointError(what + " (not a contiguous byte vector)", hint);
+  }
+  const torch::Tensor now = rng_state(device);
+  try {
+    set_rng_state(device, state);
+  } catch (const std::exception& e) {
+    set_rng_state(device, now);
+    throw CheckpointError(what + " (" + first_line(e) + ")", hint);
+  }
+  set_rng_state(device, now);
+}
+
 // A CRC-32 over everything a checkpoint restores. LibTorch's zip reader does not check the CRCs
 // the zip stores, so a flipped bit in a tensor would load silently without this.
 std::uint32_t add_to_checksum(std::uint32_t crc, const torch::Tensor& tensor) {
@@ -892,6 +914,8 @@ Loaded load_checkpoint(lesson05::Trainer& trainer, const torch::Device& device,
   loaded.cuda_rng = archive.try_read("rng_cuda", cuda_rng);
   check_in_storage(cpu_rng, "the CPU generator's state", path);
   check_in_storage(cuda_rng, "the CUDA generator's state", path);
+  check_rng_state(torch::kCPU, cpu_rng, "CPU", path);
+  if (loaded.cuda_rng && device.is_cuda()) check_rng_state(device, cuda_rng, "CUDA", path);
 
   // 4. The checksum over what was read: a flipped bit anywhere in it is refused.
   std::uint32_t crc = 0;
