@@ -414,6 +414,24 @@ TEST_F(CheckpointTest, TensorsReachingPastTheirStorageAreRefused) {
   EXPECT_TRUE(torch::equal(victim.flat.values, before));
 }
 
+// Loads `file` as a state_dict for Python or as a checkpoint into `victim`, and expects the
+// lesson's error, saying `expected` (and, when given, `kind`).
+void expect_refused(lesson05::Trainer& victim, const std::string& file, bool state_dict,
+                    const std::string& expected, const std::string& kind = "") {
+  try {
+    if (state_dict) {
+      lesson10::read_python_state_dict(file);
+    } else {
+      lesson10::load_checkpoint(victim, kCpu, file);
+    }
+    ADD_FAILURE() << file << " was accepted";
+  } catch (const CheckpointError& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(kind), std::string::npos) << what;
+    EXPECT_NE(what.find(expected), std::string::npos) << what << " (expected: " << expected << ")";
+  }
+}
+
 // Copies the zip at `from` to `to` with its format version record holding `version`.
 void write_version(const std::string& from, const std::string& to, const std::string& version) {
   caffe2::serialize::PyTorchStreamReader in(from);
@@ -471,21 +489,9 @@ TEST_F(CheckpointTest, FilesLibTorchsReaderWouldLeakOnAreRefusedFirst) {
   const torch::Tensor before = victim.flat.values.clone();
   for (const auto& [file, expected] : cases) {
     const bool state_dict = file.find("state_dict") != std::string::npos;
-    try {
-      if (state_dict) {
-        lesson10::read_python_state_dict(file);
-      } else {
-        lesson10::load_checkpoint(victim, kCpu, file);
-      }
-      ADD_FAILURE() << file << " was accepted";
-    } catch (const CheckpointError& error) {
-      const std::string what = error.what();
-      EXPECT_NE(what.find(state_dict ? "is not a state_dict saved by torch.save ("
-                                     : "is not a readable checkpoint ("),
-                std::string::npos)
-          << what;
-      EXPECT_NE(what.find(expected), std::string::npos) << what;
-    }
+    expect_refused(victim, file, state_dict, expected,
+                   state_dict ? "is not a state_dict saved by torch.save ("
+                              : "is not a readable checkpoint (");
   }
   EXPECT_TRUE(torch::equal(victim.flat.values, before));
   // Rewritten without damage, both still load: the checks refuse only what LibTorch refuses.
@@ -548,19 +554,7 @@ TEST_F(CheckpointTest, PicklesLibTorchsUnpicklerCannotTakeAreRefusedFirst) {
   for (const auto& [pickle, expected] : cases) {
     const std::string file = scratch.file("pickle" + std::to_string(index++) + ".pt");
     write_zip(file, {{"data.pkl", pickle}, {"data/0", ten_floats}});
-    for (const bool state_dict : {true, false}) {
-      try {
-        if (state_dict) {
-          lesson10::read_python_state_dict(file);
-        } else {
-          lesson10::load_checkpoint(victim, kCpu, file);
-        }
-        ADD_FAILURE() << file << " was accepted";
-      } catch (const CheckpointError& error) {
-        EXPECT_NE(std::string(error.what()).find(expected), std::string::npos)
-            << error.what() << " (expected: " << expected << ")";
-      }
-    }
+    for (const bool state_dict : {true, false}) expect_refused(victim, file, state_dict, expected);
   }
   EXPECT_TRUE(torch::equal(victim.flat.values, before));
   // The same storage reference with its true size passes the check (and fails later, as a
