@@ -125,6 +125,67 @@ TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
   }
 }
 
+// ---- Adam with its step count on the device (what a CUDA graph can capture) ----------------------
+namespace {
+
+// A flat parameter tensor and its gradient, as flatten_parameters leaves them.
+lesson05::FlatParameters flat_copy(const torch::Tensor& values) {
+  lesson05::FlatParameters flat;
+  flat.values = values.clone();
+  flat.gradients = torch::zeros_like(values);
+  flat.values.mutable_grad() = flat.gradients;
+  return flat;
+}
+
+// DeviceAdam and torch::optim::Adam fed the same gradients for `steps` steps, on `device`: the
+// largest difference between their parameters, and between their second moments.
+std::pair<double, double> device_adam_against_libtorch(const torch::Device& device, int steps) {
+  torch::manual_seed(21);
+  const auto on = torch::TensorOptions().device(device);
+  const torch::Tensor start = torch::randn({4096}, on) * 0.1;
+  lesson05::FlatParameters mine = flat_copy(start), theirs = flat_copy(start);
+  lesson05::DeviceAdam device_adam(mine, lesson05::kLearningRate);
+  torch::optim::Adam adam(std::vector<torch::Tensor>{theirs.values},
+                          torch::optim::AdamOptions(lesson05::kLearningRate));
+  for (int step = 0; step < steps; ++step) {
+    // Gradients of every size, a tenth of them exactly zero, independent of the parameters: any
+    // difference comes from the two optimizers, not from training feeding it back.
+    const torch::Tensor g = torch::randn({4096}, on) * torch::pow(10.0, torch::randint(-6, 1, {4096}, on))
+                            * (torch::rand({4096}, on) > 0.1);
+    mine.gradients.copy_(g);
+    theirs.gradients.copy_(g);
+    device_adam.step();
+    adam.step();
+  }
+  EXPECT_EQ(adam.state().size(), 1u);  // one parameter: the flat tensor
+  const auto& state =
+      static_cast<const torch::optim::AdamParamState&>(*adam.state().begin()->second);
+  EXPECT_EQ(state.step(), steps);
+  EXPECT_EQ(device_adam.steps().item<double>(), steps);
+  return {(mine.values - theirs.values).abs().max().item<double>(),
+          (device_adam.exp_avg_sq() - state.exp_avg_sq()).abs().max().item<double>()};
+}
+
+}  // namespace
+
+// Tests that Adam with its step count and bias corrections on the device takes the same 1,000
+// steps as LibTorch's Adam: parameters within 1e-6 (they move by up to 1 in all; each step may
+// round its last bit differently, since the device version folds lr / bias1 into the divisor),
+// second moments equal.
+TEST(DeviceAdam, SameStepsAsLibTorchsAdamOnCpu) {
+  const auto [values, moments] = device_adam_against_libtorch(torch::kCPU, 1000);
+  EXPECT_LE(values, 1e-6);
+  EXPECT_EQ(moments, 0.0);
+}
+
+// Tests that a CUDA graph needs a CUDA device: a clear error, not a crash.
+TEST(GraphedStep, NeedsCuda) {
+  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, 1);
+  lesson05::DeviceAdam adam(trainer.flat, lesson05::kLearningRate);
+  EXPECT_THROW(lesson05::GraphedStep(trainer.model, trainer.flat, adam, 64, torch::kCPU),
+               course::CourseError);
+}
+
 // ---- with Fashion-MNIST ------------------------------------------------------------------------
 // Tests that one epoch on a fixed subset lowers the loss on that subset.
 TEST_F(FashionMnistTest, OneEpochReducesLoss) {
@@ -181,5 +242,43 @@ TEST_F(CudaTest, LoadersAndTrainingOnGpu) {
   const double first = lesson05::train_epoch(trainer, *loader, device).mean_loss;
   double last = first;
   for (int e = 0; e < 3; ++e) last = lesson05::train_epoch(trainer, *loader, device).mean_loss;
+  EXPECT_LT(last, first);
+}
+
+// Tests DeviceAdam against LibTorch's Adam on the GPU too.
+TEST_F(CudaTest, DeviceAdamSameStepsAsLibTorchsAdam) {
+  const auto [values, moments] = device_adam_against_libtorch(device, 1000);
+  EXPECT_LE(values, 1e-6);
+  EXPECT_LE(moments, 1e-12);
+}
+
+// Tests the graphed step: captured after its warm-up, and its losses equal the eager step's on
+// the same batches over many steps (a host number frozen at capture would show within a few).
+TEST_F(CudaTest, GraphedStepEqualsEagerStep) {
+  torch::manual_seed(2);
+  course::ImageSet data = numbered(64 * 50);
+  data.images = torch::rand({64 * 50, 28, 28});
+  const double diff = lesson05::graphed_vs_eager(data, 64, device, lesson05::kSeed,
+                                                 lesson05::kGraphCheckSteps);
+  EXPECT_LE(diff, lesson05::kGraphTolerance);
+}
+
+// Tests a graphed epoch: every sample once (the short last batch eagerly), and the loss falls.
+TEST_F(CudaTest, GraphedEpochsTrain) {
+  course::ImageSet data = numbered(2000);  // 31 full batches of 64 and one of 16
+  data.images = torch::rand({2000, 28, 28});
+  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+  lesson05::DeviceAdam adam(trainer.flat, lesson05::kLearningRate);
+  lesson05::GraphedStep graph(trainer.model, trainer.flat, adam, 64, device);
+  auto loader = lesson05::make_loader("resident", data, 64, device);
+  double first = 0, last = 0;
+  for (int e = 0; e < 4; ++e) {
+    const auto stats =
+        lesson05::train_epoch_graphed(trainer.model, trainer.flat, adam, graph, *loader, device);
+    EXPECT_EQ(stats.samples, 2000);
+    (e == 0 ? first : last) = stats.mean_loss;
+  }
+  EXPECT_TRUE(graph.captured());
+  EXPECT_EQ(adam.steps().item<double>(), 4 * 32);
   EXPECT_LT(last, first);
 }

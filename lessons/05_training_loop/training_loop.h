@@ -47,6 +47,10 @@ class Loader {
   virtual void start_epoch() = 0;
   /// The next batch; false at the end of the epoch.
   virtual bool next(Batch& batch) = 0;
+  /// The next batch written into `batch`'s own tensors, which keep their addresses (what a CUDA
+  /// graph reads) when they have this batch's size; a shorter batch (the last one) comes in new
+  /// tensors instead. False at the end of the epoch.
+  virtual bool next_into(Batch& batch);
   virtual std::int64_t size() const = 0;
   virtual std::string name() const = 0;
 };
@@ -81,6 +85,68 @@ struct Trainer {
 /// A seeded model moved to `device`, then (in this order) flattened and given its optimizer.
 Trainer make_trainer(const torch::Device& device, std::uint64_t seed);
 
+// ---- the whole step in a CUDA graph -------------------------------------------------------------
+// torch::optim::Adam's defaults, which DeviceAdam shares.
+constexpr double kBeta1 = 0.9;
+constexpr double kBeta2 = 0.999;
+constexpr double kEpsilon = 1e-8;
+constexpr int kGraphWarmupSteps = 3;  // eager steps on the capture stream before the capture
+constexpr int kGraphCheckSteps = 200;  // graphed against eager: losses compared over this many steps
+// The graph replays the very kernels the eager step launches, on the same data: their losses
+// differ only if a kernel does (cuBLAS may pick another algorithm on the capture stream), by
+// fp32 rounding. A host scalar frozen at capture would differ by far more within a few steps.
+constexpr double kGraphTolerance = 1e-4;
+
+/// Adam over flat parameters whose step count and bias corrections are tensors on the device:
+/// nothing its step reads from the host changes from one step to the next, so a CUDA graph can
+/// capture it. (torch::optim::Adam counts steps on the host; a graph of it would replay the
+/// first step's bias corrections forever, without any error.) Same arithmetic and defaults as
+/// torch::optim::Adam with AdamOptions(lr).
+class DeviceAdam {
+ public:
+  DeviceAdam(const FlatParameters& flat, double lr);
+  /// One update of flat.values from flat.gradients: kernels only, no host sync, no host scalar
+  /// that changes.
+  void step();
+  const torch::Tensor& exp_avg() const { return exp_avg_; }
+  const torch::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  const torch::Tensor& steps() const { return steps_; }  ///< float64, on the device
+
+ private:
+  torch::Tensor values_, gradients_;
+  torch::Tensor exp_avg_, exp_avg_sq_, denom_;  // the two moments, and scratch for the update
+  torch::Tensor steps_, bias1_, bias2_;         // 0-dim float64 tensors on the device
+  double lr_;
+};
+
+/// One training step of the flat model: zero the gradients, forward, loss, backward, DeviceAdam.
+/// Returns the loss, on the device.
+torch::Tensor device_adam_step(Mlp& model, const FlatParameters& flat, DeviceAdam& adam,
+                               const torch::Tensor& images, const torch::Tensor& labels);
+
+/// device_adam_step captured once in a CUDA graph and replayed for every batch of `batch_size`:
+/// one launch replaces the step's dozens of kernel launches. The graph reads its input from
+/// `batch` and writes the loss to `loss`, tensors whose addresses never change: fill `batch` in
+/// place (Loader::next_into) before each step(). CUDA only: a CourseError elsewhere.
+class GraphedStep {
+ public:
+  GraphedStep(Mlp& model, const FlatParameters& flat, DeviceAdam& adam, std::int64_t batch_size,
+              const torch::Device& device);
+  ~GraphedStep();
+  GraphedStep(const GraphedStep&) = delete;
+  GraphedStep& operator=(const GraphedStep&) = delete;
+  /// One step on `batch`: eager for the first kGraphWarmupSteps calls (on the capture stream),
+  /// then captured and replayed, then replayed.
+  void step();
+  bool captured() const;
+  Batch batch;         ///< static input: [batch_size, 784] images, [batch_size] labels
+  torch::Tensor loss;  ///< the last step's loss, written by the step (0-dim, on the device)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 /// What one epoch did.
 struct EpochStats {
   double mean_loss = 0;
@@ -95,13 +161,25 @@ struct EpochStats {
 EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& device,
                        bool progress = false);
 
+/// One epoch with the whole step in a CUDA graph: the loader fills the graph's static batch in
+/// place and the graph is replayed; the shorter last batch takes the same step eagerly.
+EpochStats train_epoch_graphed(Mlp& model, const FlatParameters& flat, DeviceAdam& adam,
+                               GraphedStep& graph, Loader& loader, const torch::Device& device);
+
+/// The graphed step against the same step run eagerly, from the same seed on the same batches
+/// (the first `steps` full batches of `data`, in order): the largest relative difference between
+/// their losses. CUDA only.
+double graphed_vs_eager(const course::ImageSet& data, std::int64_t batch_size,
+                        const torch::Device& device, std::uint64_t seed, int steps);
+
 /// Fraction of `data` classified correctly, evaluated on `device` without a graph.
 double evaluate(Mlp& model, const course::ImageSet& data, const torch::Device& device);
 
 /// The first `n` samples of `data` (all of it when n >= its size).
 course::ImageSet take(const course::ImageSet& data, std::int64_t n);
 
-/// A whole run: seeded model, `epochs` epochs with `loader_name`, then test accuracy.
+/// A whole run: seeded model, `epochs` epochs with `loader_name` ("batches", "resident", or
+/// "graphed": the resident loader feeding the graphed step, CUDA only), then test accuracy.
 struct RunResult {
   std::vector<EpochStats> epochs;
   double accuracy = 0;
