@@ -42,6 +42,18 @@ void expect_step_memory_grows(const torch::Device& device) {
 // Tests that the peak of a step and the activations it keeps grow with the batch (CPU).
 TEST(StepMemory, GrowsWithBatchOnCpu) { expect_step_memory_grows(torch::kCPU); }
 
+// Tests the state's bytes: parameters, gradients and Adam's two moments, four copies of every
+// parameter, which is what the counting allocator holds after the first step on the CPU.
+TEST(StateBytes, FourCopiesOfTheParameters) {
+  course::install_counting_cpu_allocator();
+  const std::int64_t before = course::memory_stats(torch::kCPU).allocated;
+  TrainingRig s(torch::kCPU);
+  std::int64_t parameters = 0;
+  for (const auto& p : s.model->parameters()) parameters += p.nbytes();
+  EXPECT_EQ(lesson07::state_bytes(s.model, *s.optimizer), 4 * parameters);
+  EXPECT_EQ(course::memory_stats(torch::kCPU).allocated - before, 4 * parameters);
+}
+
 // Tests that a freed tensor's bytes come back, and that the CPU keeps no cache.
 TEST(FreeThenEmpty, ReturnsToBaselineOnCpu) {
   course::install_counting_cpu_allocator();
@@ -73,6 +85,11 @@ TEST_F(CudaTest, MemoryFactsOnGpu) {
   EXPECT_GE(f.reserved_after_free, f.allocated_before + (256 << 20));  // the cache keeps it
   EXPECT_LT(f.reserved_after_empty, f.reserved_after_free);
   TrainingRig s(device);
+  // Beyond the state, allocated holds cuBLAS's workspaces, nothing else: at most a few each.
+  const std::int64_t state = lesson07::state_bytes(s.model, *s.optimizer);
+  const std::int64_t allocated = course::memory_stats(device).allocated;
+  EXPECT_GE(allocated, state);
+  EXPECT_LE(allocated - state, 4 * static_cast<std::int64_t>(64 << 20)) << allocated - state;
   const auto step = lesson07::measure_step(s.model, *s.optimizer, 1024, device);
   std::int64_t start = 1;
   while (start * step.bytes_per_sample() < 2.0 * course::device_memory(device).total) start *= 2;

@@ -43,6 +43,20 @@ torch::Tensor NetImpl::forward(const torch::Tensor& x) {
   return fc3(h);
 }
 
+std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
+  std::int64_t bytes = 0;
+  for (const auto& p : model->parameters()) {
+    bytes += p.nbytes();
+    if (p.grad().defined()) bytes += p.grad().nbytes();
+  }
+  for (const auto& entry : optimizer.state()) {
+    const auto& adam = static_cast<const torch::optim::AdamParamState&>(*entry.second);
+    bytes += adam.exp_avg().nbytes() + adam.exp_avg_sq().nbytes();
+    if (adam.max_exp_avg_sq().defined()) bytes += adam.max_exp_avg_sq().nbytes();
+  }
+  return bytes;
+}
+
 void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
                 const torch::Device& device) {
   const auto on = torch::TensorOptions().device(device);
@@ -133,9 +147,17 @@ int lesson_main(int argc, char** argv) {
   model->to(device);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   train_step(model, optimizer, 8, device);  // Adam's state exists from here on
-  std::cout << "Model and optimizer state: "
-            << course::describe(course::memory_stats(device)) << "\n";
+  const std::int64_t state = state_bytes(model, optimizer);
+  const course::MemoryStats after_first_step = course::memory_stats(device);
+  std::cout << "Model and optimizer state: " << mib(state)
+            << " in tensors (parameters, gradients, Adam's two moments)\n"
+            << "The allocator after the first step: " << course::describe(after_first_step) << "\n";
   if (device.is_cuda()) {
+    // cuBLAS takes a workspace from the caching allocator for each thread and stream that runs a
+    // matmul: the main thread's forward, and the backward on autograd's own thread.
+    std::cout << "  allocated beyond the state: " << mib(after_first_step.allocated - state)
+              << ", cuBLAS's workspaces (one per thread and stream that ran a matmul: this "
+                 "thread's forward, autograd's thread's backward)\n";
     const course::DeviceMemory dm = course::device_memory(device);
     std::cout << "Device: " << mib(dm.total) << " total, " << mib(dm.free) << " free\n";
   }
@@ -201,8 +223,11 @@ int lesson_main(int argc, char** argv) {
     const auto stats = course::memory_stats(device);
     std::cout << "\nThe driver's view (what nvidia-smi shows): " << mib(dm.total - dm.free)
               << " used; the allocator's: " << mib(stats.reserved) << " reserved, "
-              << mib(stats.allocated) << " allocated.\n  The difference is the CUDA context "
-              << "(kernels, cuBLAS workspaces) and any other process on the GPU.\n";
+              << mib(stats.allocated) << " allocated.\n  Used beyond reserved: "
+              << mib(dm.total - dm.free - stats.reserved)
+              << ", this process's CUDA context (the kernels' code, the runtime's and the "
+                 "libraries' own memory) and any other process on the GPU. (cuBLAS's workspaces "
+                 "come from the allocator: they are inside reserved.)\n";
   } else {
     std::cout << "\nnvidia-smi's view against the allocator's (skipped: needs CUDA)\n";
   }

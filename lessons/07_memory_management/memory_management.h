@@ -26,6 +26,10 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+/// Bytes in the tensors that make up the model's training state: parameters, their gradients
+/// and the optimizer's state (Adam: two moments per parameter).
+std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer);
+
 /// One training step on a random batch made on `device`: forward, loss, backward, Adam.
 void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
                 const torch::Device& device);
