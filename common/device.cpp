@@ -2,6 +2,7 @@
 #include "common/device.h"
 
 #include <cstdio>
+#include <cstring>
 #include <regex>
 #include <stdexcept>
 
@@ -101,6 +102,13 @@ std::vector<GpuInfo> list_gpus() {
     check_cuda(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties");
     info.name = prop.name;
     info.total_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+    char uuid[64] = "GPU";
+    for (int b = 0; b < 16; ++b) {
+      std::snprintf(uuid + std::strlen(uuid), sizeof uuid - std::strlen(uuid),
+                    (b == 4 || b == 6 || b == 8 || b == 10) ? "-%02x" : (b == 0 ? "-%02x" : "%02x"),
+                    static_cast<unsigned char>(prop.uuid.bytes[b]));
+    }
+    info.uuid = uuid;
     gpus.push_back(info);
   }
 #endif

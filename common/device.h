@@ -25,6 +25,7 @@ struct GpuInfo {
   int minor = 0;  ///< compute capability, minor
   std::int64_t total_bytes = 0;
   int multiprocessors = 0;
+  std::string uuid;  ///< "GPU-xxxxxxxx-xxxx-...", as nvidia-smi names it: the same on every process
 };
 
 /// True when this build was compiled against a LibTorch with CUDA.

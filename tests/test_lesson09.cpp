@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "common/device.h"
 #include "common/verdict.h"
 #include "data_parallel.h"
 #include "fashion_mnist_test.h"
@@ -201,6 +202,67 @@ TEST(Lesson09Environment, BadValuesAreUsageErrors) {
   }
 }
 
+// ---- which device each rank takes ------------------------------------------------------------------
+lesson09::RankInfo local_rank_of(int local_rank, int local_world_size) {
+  lesson09::RankInfo info;
+  info.rank = info.local_rank = local_rank;
+  info.world_size = info.local_world_size = local_world_size;
+  return info;
+}
+
+// Tests the rule every rank applies: a GPU per rank when there are enough; one visible GPU per
+// rank through CUDA_VISIBLE_DEVICES; too few GPUs: every rank on the CPU (auto) or a usage error
+// (cuda), on every rank alike, so that no job mixes NCCL and Gloo ranks.
+TEST(Lesson09RankDevice, OneRuleForEveryRank) {
+  using lesson09::rank_device;
+  // Enough GPUs: each local rank its own.
+  EXPECT_EQ(rank_device("auto", 2, local_rank_of(1, 2), "").device, "cuda:1");
+  EXPECT_EQ(rank_device("cuda", 8, local_rank_of(3, 4), "").device, "cuda:3");
+  // One GPU each, through CUDA_VISIBLE_DEVICES: cuda:0 in every rank.
+  EXPECT_EQ(rank_device("auto", 1, local_rank_of(1, 2), "1").device, "cuda:0");
+  // One GPU for two ranks (torchrun --nproc-per-node 2 on a one-GPU server): both on the CPU.
+  for (int r = 0; r < 2; ++r) {
+    const auto choice = rank_device("auto", 1, local_rank_of(r, 2), "");
+    EXPECT_EQ(choice.device, "cpu") << r;
+    EXPECT_NE(choice.reason.find("1 GPU(s) visible to 2 ranks"), std::string::npos) << choice.reason;
+    EXPECT_EQ(rank_device("auto", 1, local_rank_of(r, 2), "0,1").device, "cpu") << r;
+    EXPECT_THROW(rank_device("cuda", 1, local_rank_of(r, 2), ""), course::UsageError) << r;
+  }
+  EXPECT_EQ(rank_device("auto", 3, local_rank_of(0, 4), "").device, "cpu");
+  // No GPU: the request as given (start_lesson falls back and says why); explicit choices stay.
+  EXPECT_EQ(rank_device("auto", 0, local_rank_of(1, 2), "").device, "auto");
+  EXPECT_EQ(rank_device("cpu", 4, local_rank_of(1, 2), "").device, "cpu");
+  EXPECT_EQ(rank_device("cuda:1", 2, local_rank_of(0, 2), "").device, "cuda:1");
+}
+
+// Tests the check the ranks make together before forming a group: all CPU or all GPU, and never
+// two ranks on one GPU.
+TEST(Lesson09RankDevice, RanksMustAgree) {
+  using lesson09::devices_conflict;
+  EXPECT_EQ(devices_conflict({"cpu", "cpu", "cpu"}), "");
+  EXPECT_EQ(devices_conflict({"cuda:0 GPU-aa", "cuda:1 GPU-bb"}), "");
+  EXPECT_EQ(devices_conflict({"cuda:0 GPU-aa", "cuda:0 GPU-bb"}), "");  // each its own GPU 0
+  EXPECT_NE(devices_conflict({"cuda:0 GPU-aa", "cpu"}).find("one backend"), std::string::npos);
+  EXPECT_NE(devices_conflict({"cpu", "cuda:0 GPU-aa"}).find("rank 1 on cuda:0"), std::string::npos);
+  EXPECT_NE(devices_conflict({"cuda:0 GPU-aa", "cuda:1 GPU-bb", "cuda:0 GPU-aa"})
+                .find("ranks 0 and 2 share one GPU (GPU-aa)"),
+            std::string::npos);
+  EXPECT_EQ(lesson09::device_identity(torch::kCPU), "cpu");
+}
+
+// Tests the agreement through a real store: threads as ranks, devices that clash on every rank.
+TEST(Lesson09RankDevice, AgreementFailsOnEveryRankAlike) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  on_ranks(2, [&](int rank) {
+    lesson09::RankInfo info = local_rank_of(rank, 2);
+    lesson09::agree_on_devices(*store, info, torch::kCPU, std::chrono::seconds(10));
+  });
+  lesson09::RankInfo alone = local_rank_of(0, 2);  // rank 1 never says
+  auto empty = c10::make_intrusive<c10d::HashStore>();
+  EXPECT_THROW(lesson09::agree_on_devices(*empty, alone, torch::kCPU, std::chrono::milliseconds(300)),
+               course::CourseError);
+}
+
 // ---- the rendezvous ------------------------------------------------------------------------------
 // Tests that a rank whose MASTER_ADDR:MASTER_PORT has no store gives up after the timeout with a
 // HINT, instead of waiting forever.
@@ -336,6 +398,49 @@ TEST_F(Lesson09Training, ARankWithAnEmptyLastShardKeepsStep) {
   });
   EXPECT_EQ(sums[0], sums[1]);
   EXPECT_EQ(sums[1], sums[2]);
+}
+
+// ---- NCCL on a GPU ------------------------------------------------------------------------------
+// Tests a job of one on NCCL (any one-GPU server): the group connects, every collective of the
+// lesson gives its result, the ranks agree on the device, and the group shuts down in order.
+TEST(Lesson09Nccl, JobOfOneOnTheGpu) {
+  if (course::cuda_device_count() == 0) GTEST_SKIP() << "needs CUDA";
+  const torch::Device gpu(torch::kCUDA, 0);
+  std::string why;
+  if (lesson09::backend_for(gpu, &why).empty()) GTEST_SKIP() << why;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  lesson09::RankInfo info;
+  lesson09::agree_on_devices(*store, info, gpu, std::chrono::seconds(10));
+  auto group = lesson09::make_group(store, 0, 1, gpu, std::chrono::seconds(60));
+  EXPECT_EQ(lesson09::ranks_answering(*group, gpu, std::chrono::seconds(60)), 1);
+  torch::Tensor grads = torch::arange(1000, torch::TensorOptions().device(gpu));
+  lesson09::allreduce_gradients(*group, grads);
+  EXPECT_TRUE(torch::equal(grads.cpu(), torch::arange(1000, torch::kFloat)));
+  torch::Tensor values = torch::full({10}, 3.0f, torch::TensorOptions().device(gpu));
+  lesson09::broadcast_parameters(*group, values);
+  EXPECT_EQ(values.sum().item<float>(), 30.0f);
+  const auto same = lesson09::min_max_across_ranks(*group, 42, gpu);
+  EXPECT_EQ(same.first, 42u);
+  EXPECT_EQ(same.second, 42u);
+  course::shutdown_group(*group);
+}
+
+// Tests two NCCL ranks (threads of this process, one GPU each) against the reference, as the
+// Gloo test above does on the CPU; needs two GPUs.
+TEST(Lesson09Nccl, TwoRanksOnTwoGpusAllreduce) {
+  if (course::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  std::string why;
+  if (lesson09::backend_for(torch::Device(torch::kCUDA, 0), &why).empty()) GTEST_SKIP() << why;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  on_ranks(2, [&](int rank) {
+    const torch::Device gpu(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
+    auto group = lesson09::make_group(store, rank, 2, gpu, std::chrono::seconds(60));
+    EXPECT_EQ(lesson09::ranks_answering(*group, gpu, std::chrono::seconds(60)), 2);
+    torch::Tensor grads = torch::arange(1000, torch::TensorOptions().device(gpu)) * (rank + 1.0);
+    lesson09::allreduce_gradients(*group, grads);
+    EXPECT_TRUE(torch::equal(grads.cpu(), torch::arange(1000, torch::kFloat) * 3.0f)) << rank;
+    course::shutdown_group(*group);
+  });
 }
 
 }  // namespace

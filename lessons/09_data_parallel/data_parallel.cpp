@@ -37,6 +37,7 @@
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>    // defines: c10d::HashStore (one process)
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // defines: c10d::PrefixStore
@@ -242,6 +243,86 @@ std::optional<RankInfo> rank_from_environment() {
 }
 //! [rank-from-environment]
 
+//! [rank-device]
+RankDevice rank_device(const std::string& requested, int gpus, const RankInfo& info,
+                       const std::string& cuda_visible_devices) {
+  if (requested != "auto" && requested != "cuda") return {requested, ""};  // cpu, cuda:N
+  if (gpus == 0) return {requested, ""};  // start_lesson falls back to the CPU and says why
+  if (gpus >= info.local_world_size) return {"cuda:" + std::to_string(info.local_rank), ""};
+  if (gpus == 1 && !cuda_visible_devices.empty() &&
+      cuda_visible_devices.find(',') == std::string::npos) {
+    return {"cuda:0", ""};  // the launcher gave this rank a GPU of its own
+  }
+  // Fewer GPUs than ranks: some ranks would take a GPU and NCCL, the others the CPU and Gloo,
+  // and a group cannot be both. Every rank of the host sees the same counts, so all decide alike.
+  const std::string counts = std::to_string(gpus) + " GPU(s) visible to " +
+                             std::to_string(info.local_world_size) + " ranks on this host";
+  if (requested == "cuda") {
+    throw course::UsageError("--device cuda: " + counts + ", and NCCL needs a GPU for every rank",
+                             "start at most " + std::to_string(gpus) +
+                                 " rank(s) per host (torchrun --nproc-per-node), give each rank "
+                                 "its own GPU with CUDA_VISIBLE_DEVICES, or use --device cpu");
+  }
+  return {"cpu", counts + ": every rank trains on the CPU (Gloo)"};
+}
+//! [rank-device]
+
+std::string device_identity(const torch::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  for (const auto& gpu : course::list_gpus()) {
+    if (gpu.index == device.index()) return device.str() + " " + gpu.uuid;
+  }
+  return device.str();
+}
+
+std::string devices_conflict(const std::vector<std::string>& identities) {
+  const auto on_gpu = [](const std::string& id) { return id.rfind("cuda", 0) == 0; };
+  const auto gpu_of = [](const std::string& id) { return id.substr(id.find(' ') + 1); };
+  for (size_t r = 1; r < identities.size(); ++r) {
+    if (on_gpu(identities[r]) != on_gpu(identities[0])) {
+      return "rank 0 trains on " + identities[0] + " and rank " + std::to_string(r) + " on " +
+             identities[r] + ": one group has one backend (NCCL for GPUs, Gloo for the CPU)";
+    }
+  }
+  for (size_t a = 0; a < identities.size() && on_gpu(identities[0]); ++a) {
+    for (size_t b = a + 1; b < identities.size(); ++b) {
+      if (gpu_of(identities[a]) == gpu_of(identities[b])) {
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " share one GPU (" +
+               gpu_of(identities[a]) + "): NCCL needs a GPU of its own for every rank";
+      }
+    }
+  }
+  return "";
+}
+
+void agree_on_devices(c10d::Store& store, const RankInfo& info, const torch::Device& device,
+                      std::chrono::milliseconds timeout) {
+  const std::string mine = device_identity(device);
+  store.set("device/" + std::to_string(info.rank), std::vector<std::uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < info.world_size; ++r) keys.push_back("device/" + std::to_string(r));
+  std::vector<std::string> identities;
+  try {
+    store.wait(keys, timeout);
+    for (const auto& key : keys) {
+      const std::vector<std::uint8_t> value = store.get(key);
+      identities.emplace_back(value.begin(), value.end());
+    }
+  } catch (const std::exception& e) {
+    throw course::CourseError("rank " + std::to_string(info.rank) +
+                                  " did not hear from every rank which device it took: " +
+                                  course::error_message(e),
+                              "a rank died at start-up: read the other ranks' output");
+  }
+  const std::string conflict = devices_conflict(identities);
+  if (!conflict.empty()) {
+    throw course::CourseError("these ranks cannot form one group: " + conflict,
+                              "give every rank a GPU of its own (torchrun --nproc-per-node at "
+                              "most the GPU count, or CUDA_VISIBLE_DEVICES per rank), or run "
+                              "every rank with --device cpu");
+  }
+}
+
 //! [connect-store]
 c10::intrusive_ptr<c10d::Store> connect_store(const RankInfo& info,
                                               std::chrono::milliseconds timeout) {
@@ -317,7 +398,7 @@ c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::
     if (backend == "nccl") {
       // NCCL: collectives run on the GPU, over NVLink or the network, on their own stream.
       auto options = c10d::ProcessGroupNCCL::Options::create();
-      options->timeout = timeout;
+      options->timeout = 2 * timeout;  // NCCL's watchdog aborts the process: wait_within first
       return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
     }
 #endif
@@ -363,20 +444,53 @@ torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int r
 }
 //! [shard]
 
+//! [wait-within]
+void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device& device,
+                 std::chrono::milliseconds timeout) {
+  if (!device.is_cuda()) {
+    work.wait(timeout);  // Gloo: blocks; throws when a peer is gone or the time is up
+    return;
+  }
+  // NCCL: wait() only makes the current CUDA stream wait for the collective, and returns at
+  // once. A dead peer would leave the collective's kernel waiting on the GPU, and this process
+  // stuck at its next sync. So the host watches the collective, and the clock.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!work.isCompleted()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      course::abort_group(group);  // the kernels stop waiting for the peer
+      throw std::runtime_error("a collective did not finish within " +
+                               std::to_string(timeout.count() / 1000) +
+                               " s: another rank stopped taking part");
+    }
+    std::this_thread::yield();
+  }
+  work.wait();  // a collective that failed throws its error here
+}
+//! [wait-within]
+
+int ranks_answering(course::CommGroup& group, const torch::Device& device,
+                    std::chrono::milliseconds timeout) {
+  std::vector<torch::Tensor> one{torch::ones({1}, torch::TensorOptions().device(device))};
+  wait_within(group, *group.allreduce(one), device, timeout);
+  return static_cast<int>(one[0].item<float>());
+}
+
 //! [collectives]
-void broadcast_parameters(course::CommGroup& group, torch::Tensor& flat_values) {
+void broadcast_parameters(course::CommGroup& group, torch::Tensor& flat_values,
+                          std::chrono::milliseconds timeout) {
   std::vector<torch::Tensor> tensors{flat_values};
   c10d::BroadcastOptions options;
   options.rootRank = 0;
-  group.broadcast(tensors, options)->wait();
+  wait_within(group, *group.broadcast(tensors, options), flat_values.device(), timeout);
 }
 
-void allreduce_gradients(course::CommGroup& group, torch::Tensor& flat_gradients) {
+void allreduce_gradients(course::CommGroup& group, torch::Tensor& flat_gradients,
+                         std::chrono::milliseconds timeout) {
   // One collective for the whole model: every parameter's gradient is a view into this tensor.
   std::vector<torch::Tensor> tensors{flat_gradients};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::SUM;
-  group.allreduce(tensors, options)->wait();
+  wait_within(group, *group.allreduce(tensors, options), flat_gradients.device(), timeout);
 }
 //! [collectives]
 
@@ -391,7 +505,8 @@ std::uint64_t checksum(const torch::Tensor& tensor) {
 
 std::pair<std::uint64_t, std::uint64_t> min_max_across_ranks(course::CommGroup& group,
                                                              std::uint64_t value,
-                                                             const torch::Device& device) {
+                                                             const torch::Device& device,
+                                                             std::chrono::milliseconds timeout) {
   // int64 holds the 64 bits; the order it sorts them in does not matter, only equality does.
   const auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
   std::int64_t bits = 0;
@@ -400,8 +515,8 @@ std::pair<std::uint64_t, std::uint64_t> min_max_across_ranks(course::CommGroup& 
   c10d::AllreduceOptions min_op, max_op;
   min_op.reduceOp = c10d::ReduceOp::MIN;
   max_op.reduceOp = c10d::ReduceOp::MAX;
-  group.allreduce(lo, min_op)->wait();
-  group.allreduce(hi, max_op)->wait();
+  wait_within(group, *group.allreduce(lo, min_op), device, timeout);
+  wait_within(group, *group.allreduce(hi, max_op), device, timeout);
   const std::int64_t a = lo[0].item<std::int64_t>(), b = hi[0].item<std::int64_t>();
   std::uint64_t ua = 0, ub = 0;
   std::memcpy(&ua, &a, sizeof ua);
@@ -424,11 +539,12 @@ lesson05::Trainer seeded_trainer(const torch::Device& device, std::uint64_t seed
 DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world_size,
                                    const course::ImageSet& train, int epochs,
                                    std::int64_t batch_per_rank, const torch::Device& device,
-                                   std::uint64_t seed, bool print_epochs) {
+                                   std::uint64_t seed, bool print_epochs,
+                                   std::chrono::milliseconds timeout) {
   DistributedRun run{seeded_trainer(device, seed), {}, {}};
   lesson05::Trainer& t = run.trainer;
   // Every rank starts from rank 0's parameters (the seed already agrees; DDP makes sure).
-  if (group != nullptr) broadcast_parameters(*group, t.flat.values);
+  if (group != nullptr) broadcast_parameters(*group, t.flat.values, timeout);
 
   const torch::Tensor images = train.images.reshape({-1, kPixels});
   const std::int64_t samples = images.size(0);
@@ -457,10 +573,10 @@ DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world
         loss.backward();
         loss_sum += loss.detach() * static_cast<double>(in_step);
       }
-      if (group != nullptr) allreduce_gradients(*group, t.flat.gradients);  // waits for all ranks
+      if (group != nullptr) allreduce_gradients(*group, t.flat.gradients, timeout);  // all ranks
       t.optimizer->step();  // the same gradients and the same state: the same step everywhere
     }
-    if (group != nullptr) allreduce_gradients(*group, loss_sum);  // the loss of all samples
+    if (group != nullptr) allreduce_gradients(*group, loss_sum, timeout);  // all samples' loss
     EpochStats stats;
     stats.mean_loss = loss_sum.item<double>() / static_cast<double>(samples);
     stats.seconds = watch.seconds();
@@ -599,16 +715,20 @@ void part2(const RankInfo& info, bool launched, const std::string& backend,
     std::fflush(stdout);
     store = connect_store(info, timeout);
   }
+  agree_on_devices(*store, info, device, timeout);  // one backend for all, one GPU per rank
   auto group = make_group(store, info.rank, info.world_size, device, timeout);
-  std::printf("%s group of %d formed; batch %lld per rank, %lld per global step\n",
-              backend.c_str(), info.world_size, static_cast<long long>(batch),
+  // NCCL connects at its first collective: only an answer from every rank says the group works.
+  const int answered = ranks_answering(*group, device, timeout);
+  std::printf("%s group of %d connected (%d rank(s) answered a first all-reduce); batch %lld per "
+              "rank, %lld per global step\n",
+              backend.c_str(), info.world_size, answered, static_cast<long long>(batch),
               static_cast<long long>(batch * info.world_size));
   std::fflush(stdout);
 
   DistributedRun run;
   try {
     run = train_data_parallel(group.get(), info.rank, info.world_size, train, epochs, batch,
-                              device, seed, /*print_epochs=*/true);
+                              device, seed, /*print_epochs=*/true, timeout);
   } catch (const std::exception& e) {
     // A peer died or stopped answering: Gloo sees the connection close (at once) or the
     // collective time out. Nothing is left to compare; end now, non-zero.
@@ -625,7 +745,8 @@ void part2(const RankInfo& info, bool launched, const std::string& backend,
   }
 
   const std::uint64_t mine = checksum(run.trainer.flat.values);
-  const auto [lo, hi] = min_max_across_ranks(*group, mine, device);
+  const auto [lo, hi] = min_max_across_ranks(*group, mine, device, timeout);
+  course::shutdown_group(*group);  // the last collective is done: end the group in order
   std::printf("parameter checksum %016llx; across %d ranks: %s\n",
               static_cast<unsigned long long>(mine), info.world_size,
               lo == hi ? "all equal" : "DIFFERENT");
@@ -682,16 +803,17 @@ int lesson_main(int argc, char** argv) {
   if (auto code = cli.parse(argc, argv)) return *code;
 
   const std::optional<RankInfo> job = rank_from_environment();
+  RankDevice choice{options.device, ""};
   if (job) {
-    // One rank per device: auto takes this rank's own GPU, and the CPU cores are shared out.
-    if (options.device == "auto" || options.device == "cuda") {
-      const int gpus = course::cuda_device_count();
-      if (gpus > 0 && job->local_rank < gpus) options.device = "cuda:" + std::to_string(job->local_rank);
-      else if (gpus > 0) options.device = "cpu";
-    }
+    // One rank per device, by one rule on every rank; the CPU cores are shared out.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    choice = rank_device(options.device, course::cuda_device_count(), *job,
+                         visible != nullptr ? visible : "");
+    options.device = choice.device;
     if (options.threads == 0) options.threads = std::max(1, course::available_cores() / job->local_world_size);
   }
   const torch::Device device = course::start_lesson(options);
+  if (!choice.reason.empty()) std::cout << "(" << choice.reason << ")\n";
   const auto folder = course::find_fashion_mnist(options.data_dir);
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
   const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);

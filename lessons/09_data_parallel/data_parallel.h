@@ -84,12 +84,43 @@ struct RankInfo {
 /// plain run); UsageError naming the variable when one is missing or out of range.
 std::optional<RankInfo> rank_from_environment();
 
+/// The device a rank of a launched job trains on: what start_lesson() is to resolve.
+struct RankDevice {
+  std::string device;  ///< "cpu", "cuda:N", or the request as given when no GPU is visible
+  std::string reason;  ///< why the ranks train on the CPU although GPUs are visible; else empty
+};
+/// One rule, which every rank of a host applies to the same facts, so that all ranks land on the
+/// same kind of device: `requested` is --device, `gpus` the GPUs this process sees,
+/// `cuda_visible_devices` that variable ("" when unset).
+///   - cpu and cuda:N are taken as given;
+///   - auto or cuda with no GPU visible: as given (start_lesson falls back to the CPU, saying why);
+///   - a GPU for every rank of the host (gpus >= local_world_size): cuda:<local_rank>;
+///   - one GPU visible, and CUDA_VISIBLE_DEVICES naming one (a launcher gave each rank its own):
+///     cuda:0;
+///   - fewer GPUs than ranks: auto puts every rank on the CPU with the reason; cuda is a
+///     UsageError naming the counts (NCCL needs a GPU for every rank).
+RankDevice rank_device(const std::string& requested, int gpus, const RankInfo& info,
+                       const std::string& cuda_visible_devices);
+
+/// What names a rank's device across processes: "cpu", or "cuda:N GPU-<uuid>".
+std::string device_identity(const torch::Device& device);
+/// Why ranks on these devices (identities in rank order) cannot form one group: a mix of CPU and
+/// GPU ranks (Gloo and NCCL), or two ranks on one GPU (NCCL needs one per rank). Empty when they
+/// can.
+std::string devices_conflict(const std::vector<std::string>& identities);
+/// Every rank puts its device in the store and reads everyone's: a CourseError on every rank
+/// alike, before any group is formed, when devices_conflict() finds a reason.
+void agree_on_devices(c10d::Store& store, const RankInfo& info, const torch::Device& device,
+                      std::chrono::milliseconds timeout);
+
 /// The rendezvous: a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or by the launcher),
 /// every rank waiting at most `timeout` for the others. CourseError with a HINT when the address
 /// cannot be reached, the port is taken or a rank never arrives.
 c10::intrusive_ptr<c10d::Store> connect_store(const RankInfo& info,
                                               std::chrono::milliseconds timeout);
-/// The communication group over `store`: NCCL for a CUDA device, Gloo for the CPU.
+/// The communication group over `store`: NCCL for a CUDA device, Gloo for the CPU. Gloo gives up
+/// on a collective after `timeout`; NCCL's watchdog after twice that, as a last resort behind
+/// wait_within().
 c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int world_size,
                                                  const torch::Device& device,
@@ -106,16 +137,28 @@ std::int64_t steps_per_epoch(std::int64_t samples, int world_size, std::int64_t 
 torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int rank,
                             int world_size, std::int64_t batch_per_rank);
 
+/// Waits until `work`, a collective on `device`'s tensors, is done: at most `timeout`, then the
+/// group is aborted and std::runtime_error says so. A collective that failed (a peer's connection
+/// closed) throws its own error.
+void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device& device,
+                 std::chrono::milliseconds timeout);
+/// How many ranks answer an all-reduce: the group's first collective, which connects NCCL.
+int ranks_answering(course::CommGroup& group, const torch::Device& device,
+                    std::chrono::milliseconds timeout);
+
+constexpr std::chrono::milliseconds kCollectiveTimeout{1000LL * kTimeoutSeconds};
 /// Rank 0's parameters to every rank, in place (one collective on the flat tensor).
-void broadcast_parameters(course::CommGroup& group, torch::Tensor& flat_values);
+void broadcast_parameters(course::CommGroup& group, torch::Tensor& flat_values,
+                          std::chrono::milliseconds timeout = kCollectiveTimeout);
 /// Every rank's gradients summed, in place, on every rank (one collective on the flat tensor).
-void allreduce_gradients(course::CommGroup& group, torch::Tensor& flat_gradients);
+void allreduce_gradients(course::CommGroup& group, torch::Tensor& flat_gradients,
+                         std::chrono::milliseconds timeout = kCollectiveTimeout);
 /// A 64-bit checksum of a tensor's bytes (FNV-1a): equal checksums, bitwise-equal tensors.
 std::uint64_t checksum(const torch::Tensor& tensor);
 /// The smallest and largest of every rank's `value`.
-std::pair<std::uint64_t, std::uint64_t> min_max_across_ranks(course::CommGroup& group,
-                                                             std::uint64_t value,
-                                                             const torch::Device& device);
+std::pair<std::uint64_t, std::uint64_t> min_max_across_ranks(
+    course::CommGroup& group, std::uint64_t value, const torch::Device& device,
+    std::chrono::milliseconds timeout = kCollectiveTimeout);
 
 /// One epoch's figures, the same on every rank (the loss is all-reduced).
 struct EpochStats {
@@ -135,6 +178,7 @@ struct DistributedRun {
 DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world_size,
                                    const course::ImageSet& train, int epochs,
                                    std::int64_t batch_per_rank, const torch::Device& device,
-                                   std::uint64_t seed, bool print_epochs);
+                                   std::uint64_t seed, bool print_epochs,
+                                   std::chrono::milliseconds timeout = kCollectiveTimeout);
 
 }  // namespace lesson09

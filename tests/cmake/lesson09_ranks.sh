@@ -6,8 +6,23 @@
 #   rank-killed    rank 1 is killed (SIGKILL) mid-training: rank 0 exits non-zero, saying so,
 #                  within the timeout (and no hang)
 #   never-arrives  rank 0 alone in a job of two: exits 2 with a HINT within the timeout
+# On a GPU (LESSON01 names lesson 01's binary, which counts the GPUs; exit 77, skipped, without
+# enough of them):
+#   nccl-one-rank      a job of one on NCCL (--device cuda): PASS, the group connected and shut
+#                      down (no warning that it was not destroyed)
+#   nccl-rank-killed   two NCCL ranks, one GPU each, rank 1 killed: rank 0 exits 1 with its own
+#                      error within the timeout (not NCCL's watchdog's SIGABRT); needs 2 GPUs
+#   too-few-gpus       one rank more than there are GPUs: --device cuda exits 2 on every rank;
+#                      --device auto trains every rank on the CPU and passes
+#   same-gpu           two ranks given the same GPU (CUDA_VISIBLE_DEVICES=0 for both): both exit
+#                      2, saying they share one GPU
 set -u
 bin=$1; case=$2; shift 2
+gpus=0
+if [ -n "${LESSON01:-}" ]; then
+  gpus=$("$LESSON01" --device cpu 2>/dev/null | sed -n 's/.*| GPUs: \([0-9]*\).*/\1/p')
+fi
+need_gpus() { [ "${gpus:-0}" -ge "$1" ] || { echo "needs $1 GPU(s), found ${gpus:-0}"; exit 77; }; }
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
        || echo $((20000 + $$ % 20000)))
@@ -48,5 +63,59 @@ case $case in
     grep -q "HINT:" "$out/rank0" || fail "no HINT"
     [ $took -le 60 ] || fail "took ${took}s"
     echo "rank 0 gave up after ${took}s"; tail -2 "$out/rank0" ;;
+  nccl-one-rank)
+    need_gpus 1
+    WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 "$bin" --quick --timeout 60 --device cuda \
+      >"$out/rank0" 2>&1; r0=$?
+    [ $r0 -eq 0 ] || fail "exit code $r0"
+    grep -q "nccl group of 1 connected" "$out/rank0" || fail "no NCCL group"
+    grep -q "RESULT: PASS lesson 09 rank 0 of 1 on cuda:0" "$out/rank0" || fail "no PASS line"
+    ! grep -qi "destroy_process_group\|not been destroyed" "$out/rank0" || fail "group not shut down"
+    cat "$out/rank0" ;;
+  nccl-rank-killed)
+    need_gpus 2
+    RANK=0 LOCAL_RANK=0 "$bin" --epochs 50 --timeout $timeout --device cuda >"$out/rank0" 2>&1 & p0=$!
+    RANK=1 LOCAL_RANK=1 "$bin" --epochs 50 --timeout $timeout --device cuda >"$out/rank1" 2>&1 & p1=$!
+    i=0
+    until grep -q "epoch 1/50" "$out/rank1" 2>/dev/null; do
+      i=$((i + 1)); [ $i -lt 1200 ] || { kill -9 $p0 $p1; fail "rank 1 never finished epoch 1"; }
+      sleep 0.1
+    done
+    kill -9 $p1; start=$(date +%s)
+    wait $p0; r0=$?; took=$(( $(date +%s) - start ))
+    [ $r0 -eq 1 ] || fail "rank 0 exited $r0 (1 expected; 134 is NCCL's watchdog aborting)"
+    [ $took -le $((timeout + 15)) ] || fail "rank 0 took ${took}s (timeout ${timeout}s)"
+    grep -q "lost the job" "$out/rank0" || fail "rank 0 did not say it lost the job"
+    echo "rank 0 exited $r0 ${took}s after rank 1 was killed"; tail -4 "$out/rank0" ;;
+  too-few-gpus)
+    need_gpus 1
+    n=$((gpus + 1)); export WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n
+    pids=""; r=0
+    while [ $r -lt $n ]; do
+      RANK=$r LOCAL_RANK=$r "$bin" --quick --timeout $timeout --device cuda >"$out/cuda$r" 2>&1 &
+      pids="$pids $!"; r=$((r + 1))
+    done
+    for p in $pids; do wait $p; rc=$?; [ $rc -eq 2 ] || fail "--device cuda: a rank exited $rc, 2 expected"; done
+    grep -q "NCCL needs a GPU for every rank" "$out/cuda0" || fail "no reason given"
+    pids=""; r=0
+    while [ $r -lt $n ]; do
+      RANK=$r LOCAL_RANK=$r "$bin" --quick --timeout 120 --device auto >"$out/auto$r" 2>&1 &
+      pids="$pids $!"; r=$((r + 1))
+    done
+    for p in $pids; do wait $p; rc=$?; [ $rc -eq 0 ] || fail "--device auto: a rank exited $rc"; done
+    grep -q "every rank trains on the CPU" "$out/auto0" || fail "no reason printed"
+    grep -q "gloo group of $n connected" "$out/auto0" || fail "not a Gloo group"
+    echo "$n ranks for $gpus GPU(s): cuda refused on every rank, auto trained on the CPU" ;;
+  same-gpu)
+    need_gpus 1
+    for r in 0 1; do
+      CUDA_VISIBLE_DEVICES=0 RANK=$r LOCAL_RANK=$r "$bin" --quick --timeout $timeout --device auto \
+        >"$out/rank$r" 2>&1 &
+      eval p$r=\$!
+    done
+    wait $p0; r0=$?; wait $p1; r1=$?
+    [ $r0 -eq 2 ] && [ $r1 -eq 2 ] || fail "exit codes $r0 and $r1, 2 expected"
+    for r in 0 1; do grep -q "share one GPU" "$out/rank$r" || fail "rank $r: no reason"; done
+    tail -2 "$out/rank0" ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
