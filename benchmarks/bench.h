@@ -13,9 +13,16 @@ namespace bench {
 /// The first GPU, or nullopt-like CPU device when there is none; skips `state` in that case.
 bool gpu_or_skip(benchmark::State& state, c10::Device& device);
 
-/// Runs `work` once per iteration on `device`, timing each with a synchronize before the clock
-/// is read (for benchmarks registered with UseManualTime()). One untimed call warms up first.
+/// Times `work` on `device` for benchmarks registered with UseManualTime(), after one untimed
+/// call (warm-up: kernel choice, allocator caches, lazy initialization). The CPU: one call per
+/// iteration. CUDA: work is queued, so the clock is read only after a synchronize, and one
+/// call per synchronize would time a small kernel's launch and the synchronize itself (tens of
+/// microseconds) rather than the work. So each iteration runs `calls_per_sync` calls back to
+/// back, as a training loop queues them, synchronizes once and records the time per call; 0
+/// picks the count that makes one iteration last at least a millisecond (at most 1024). The
+/// JSON's `calls_per_sync` counter says what was used. Callers that must make the same number
+/// of calls on every thread (collectives) pass a fixed count.
 void run_timed(benchmark::State& state, const c10::Device& device,
-               const std::function<void()>& work);
+               const std::function<void()>& work, int calls_per_sync = 0);
 
 }  // namespace bench

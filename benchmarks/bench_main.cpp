@@ -19,17 +19,27 @@ bool gpu_or_skip(benchmark::State& state, c10::Device& device) {
   return true;
 }
 
+namespace {
+double seconds_of(const c10::Device& device, const std::function<void()>& work, int calls) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) work();
+  course::synchronize(device);  // the GPU runs asynchronously: wait before reading the clock
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
 void run_timed(benchmark::State& state, const c10::Device& device,
-               const std::function<void()>& work) {
+               const std::function<void()>& work, int calls_per_sync) {
+  constexpr double kMinSeconds = 1e-3;  // per iteration, on CUDA: sync and launch latency < 1%
+  constexpr int kMaxCalls = 1024;
   work();  // warm-up: kernel selection, allocator caches, lazy initialization
   course::synchronize(device);
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    work();
-    course::synchronize(device);  // the GPU runs asynchronously: wait before reading the clock
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  int calls = calls_per_sync > 0 ? calls_per_sync : 1;
+  if (calls_per_sync <= 0 && device.is_cuda()) {
+    while (calls < kMaxCalls && seconds_of(device, work, calls) < kMinSeconds) calls *= 2;
   }
+  for (auto _ : state) state.SetIterationTime(seconds_of(device, work, calls) / calls);
+  state.counters["calls_per_sync"] = benchmark::Counter(calls, benchmark::Counter::kAvgThreads);
 }
 
 }  // namespace bench

@@ -1,5 +1,7 @@
 // bench_precision: fp32 against autocast (bf16, fp16) for a matmul and a training step (lesson
-// 08's wide model), on the CPU and the GPU. GPU timings synchronize before reading the clock.
+// 08's wide model), on the CPU and the GPU. The autocast matmul times what a model under autocast
+// pays: the casts of both fp32 inputs and the matmul; on the GPU the matmul alone, its inputs
+// already in the precision, is timed too. GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_precision --benchmark_out=precision.json --benchmark_out_format=json
 #include <optional>
@@ -37,6 +39,22 @@ void BM_AutocastMatmulCpu(benchmark::State& state) { matmul(state, torch::kCPU);
 void BM_AutocastMatmulCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (bench::gpu_or_skip(state, device)) matmul(state, device);
+}
+
+// ---- the matmul alone, its inputs already in the precision (no casts timed) ----------------------
+void BM_MatmulInPrecisionCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (!bench::gpu_or_skip(state, device)) return;
+  state.SetLabel(kPrecisions[state.range(0)]);
+  const std::int64_t n = state.range(1);
+  const auto on = torch::TensorOptions().device(device).dtype(
+      lesson08::precision_dtype(kPrecisions[state.range(0)]));
+  const torch::Tensor a = torch::randn({n, n}, on);
+  const torch::Tensor b = torch::randn({n, n}, on);
+  torch::Tensor c = torch::empty({n, n}, on);
+  bench::run_timed(state, device, [&] { torch::mm_out(c, a, b); });
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- a training step: fp32 against autocast ------------------------------------------------------------
@@ -83,6 +101,8 @@ void BM_MixedStepCuda(benchmark::State& state) {
 BENCHMARK(BM_AutocastMatmulCpu)->ArgNames({"precision", "n"})
     ->ArgsProduct({{0, 1}, {256, 1024, 2048}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AutocastMatmulCuda)->ArgNames({"precision", "n"})
+    ->ArgsProduct({{0, 1, 2}, {256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MatmulInPrecisionCuda)->ArgNames({"precision", "n"})
     ->ArgsProduct({{0, 1, 2}, {256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MixedStepCpu)->ArgNames({"precision", "batch"})
     ->ArgsProduct({{0, 1}, {64, 256, 1024}})->UseManualTime()->Unit(benchmark::kMillisecond);
