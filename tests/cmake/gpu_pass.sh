@@ -1,0 +1,53 @@
+#!/bin/sh
+# gpu_pass.sh ROOT BUILD: scripts/gpu-pass rehearsed on the CPU (--device cpu --quick) with this
+# build, into a temporary folder; then its summary and tarball are checked: every step passed or
+# was waived, and the tarball holds a transcript of each lesson, benchmark JSON and the plots.
+# Also: what the pass refuses (no GPU with --device cuda, a PyTorch without CUDA) exits 2 with a
+# HINT.
+set -u
+root=$1; build=$2
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+fail() { echo "FAILED: $*"; cat "$out/summary.txt" 2>/dev/null; exit 1; }
+
+"$root/scripts/gpu-pass" "$out/pass" --device cpu --quick --build-dir "$build"; rc=$?
+[ $rc -eq 0 ] || fail "gpu-pass exited $rc"
+summary=$out/pass/summary.txt
+[ -f "$summary" ] || fail "no summary.txt"
+! grep -q '^FAIL' "$summary" || fail "a step failed"
+for step in configure build tests transcripts yardstick plots; do
+  grep -Eq "^(PASS|WAIVED) +$step " "$summary" || fail "no line for step $step"
+done
+mkdir "$out/x" && tar -xzf "$out/pass/gpu-pass.tar.gz" -C "$out/x" || fail "the tarball does not unpack"
+t=$out/x/gpu-pass
+for lesson in "$root"/lessons/[0-9][0-9]_*/; do
+  name=lesson$(basename "$lesson")
+  grep -Eq "^(PASS|WAIVED) +$name " "$summary" || fail "no summary line for $name"
+  [ -s "$t/docs/transcripts/gpu/$name.txt" ] || fail "no transcript of $name"
+  grep -q '^RESULT: ' "$t/docs/transcripts/gpu/$name.txt" || fail "$name's transcript has no verdict"
+done
+for extra in lesson09_data_parallel.2ranks lesson09_data_parallel.torchrun lesson10_checkpointing.resume; do
+  [ -s "$t/docs/transcripts/gpu/$extra.txt" ] || fail "no transcript $extra"
+done
+grep -q "RESULT: PASS lesson 09 rank 0 of 1" "$t/docs/transcripts/gpu/lesson09_data_parallel.torchrun.txt" ||
+  fail "torchrun's job did not pass"
+for bench in "$build"/bin/bench_*; do
+  json=$t/docs/benchmarks/gpu/$(basename "$bench").json
+  grep -q '"benchmarks"' "$json" 2>/dev/null || fail "no JSON from $(basename "$bench")"
+done
+ls "$t"/docs/benchmarks/plots/*-gpu.svg >/dev/null 2>&1 || fail "no plots"
+[ -s "$t/summary.txt" ] && [ -d "$t/logs" ] || fail "the tarball lacks the summary or the logs"
+
+# Refusals: a clear message with a HINT, exit 2.
+if ! "$build/bin/lesson01_device_check" --device cuda:0 >/dev/null 2>&1; then
+  "$root/scripts/gpu-pass" "$out/nogpu" --device cuda --build-dir "$build" >"$out/nogpu.log" 2>&1; rc=$?
+  [ $rc -eq 2 ] && grep -q "no GPU is visible" "$out/nogpu.log" && grep -q HINT "$out/nogpu.log" ||
+    fail "--device cuda without a GPU: exit $rc: $(cat "$out/nogpu.log")"
+fi
+if /usr/bin/python3 -c 'import torch, sys; sys.exit(bool(torch.version.cuda))' 2>/dev/null ||
+   ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  GPU_PASS_PYTHON=/usr/bin/python3 "$root/scripts/gpu-pass" "$out/nocuda" --device cpu \
+    >"$out/nocuda.log" 2>&1; rc=$?
+  [ $rc -eq 2 ] && grep -q HINT "$out/nocuda.log" ||
+    fail "a Python without a CUDA torch: exit $rc: $(cat "$out/nocuda.log")"
+fi
+cat "$summary"
