@@ -66,8 +66,7 @@ TEST_F(CudaTest, MoveToGpu) {
   EXPECT_TRUE(report.storage_changed);
   EXPECT_EQ(weight.device(), device);
   const torch::Tensor gpu_out = model->forward(x.to(device)).cpu();
-  EXPECT_LE(((gpu_out - cpu_out).abs().max() / cpu_out.abs().max()).item<double>(),
-            lesson02::kOutputTolerance);
+  EXPECT_LE(course::max_rel_diff(gpu_out, cpu_out), lesson02::kOutputTolerance);
   auto optimizer = lesson02::make_optimizer(model);
   EXPECT_TRUE(lesson02::optimizer_matches_model(optimizer, model, device));
 }

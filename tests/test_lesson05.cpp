@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/compare.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
 #include "training_loop.h"
@@ -121,7 +122,7 @@ TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
   };
   const auto flat = run(true), separate = run(false);
   for (size_t i = 0; i < flat.size(); ++i) {
-    EXPECT_LT((flat[i] - separate[i]).abs().max().item<double>(), 1e-6) << i;
+    EXPECT_LT(course::max_abs_diff(flat[i], separate[i]), 1e-6) << i;
   }
 }
 
@@ -162,8 +163,8 @@ std::pair<double, double> device_adam_against_libtorch(const torch::Device& devi
       static_cast<const torch::optim::AdamParamState&>(*adam.state().begin()->second);
   EXPECT_EQ(state.step(), steps);
   EXPECT_EQ(device_adam.steps().item<double>(), steps);
-  return {(mine.values - theirs.values).abs().max().item<double>(),
-          (device_adam.exp_avg_sq() - state.exp_avg_sq()).abs().max().item<double>()};
+  return {course::max_abs_diff(mine.values, theirs.values),
+          course::max_abs_diff(device_adam.exp_avg_sq(), state.exp_avg_sq())};
 }
 
 }  // namespace

@@ -768,7 +768,7 @@ TEST(ActivationCheckpointing, SameLossAndGradients) {
     const auto kept = lesson10::step_gradients(model, x, y, true, 5);
     const double tolerance = dtype == torch::kDouble ? 1e-12 : 1e-5;
     EXPECT_LE((plain.loss - kept.loss).abs().item<double>(), tolerance);
-    EXPECT_LE(lesson10::max_abs_diff(plain.gradients, kept.gradients), tolerance);
+    EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), tolerance);
     // The first segment's weight: nothing upstream requires grad, yet it has its gradient.
     const torch::Tensor first = model->segments[0]->parameters()[0];
     ASSERT_TRUE(first.grad().defined());
@@ -798,7 +798,7 @@ TEST(ActivationCheckpointing, RngReplay) {
   const torch::Tensor y = torch::randint(0, 10, {32});
   const auto plain = lesson10::step_gradients(model, x, y, false, 9);
   const auto no_replay = lesson10::step_gradients(model, x, y, true, 9, /*preserve_rng=*/false);
-  EXPECT_GT(lesson10::max_abs_diff(plain.gradients, no_replay.gradients), 1e-4);
+  EXPECT_GT(course::max_abs_diff(plain.gradients, no_replay.gradients), 1e-4);
 
   model->train();
   torch::manual_seed(4);
@@ -831,7 +831,7 @@ TEST_F(CudaTest, ActivationCheckpointingSameGradients) {
   const torch::Tensor y = torch::randint(0, 10, {64}, device);
   const auto plain = lesson10::step_gradients(model, x, y, false, 7);
   const auto kept = lesson10::step_gradients(model, x, y, true, 7);
-  EXPECT_LE(lesson10::max_abs_diff(plain.gradients, kept.gradients), 1e-5);
+  EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), 1e-5);
 }
 
 }  // namespace

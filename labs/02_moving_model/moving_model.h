@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "common/compare.h"  // defines: course::tolerance_for
+
 namespace lesson02 {
 
 // ---- knobs -----------------------------------------------------------------------------------
@@ -15,7 +17,8 @@ constexpr std::int64_t kInputs = 784;   // a flattened 28x28 image
 constexpr std::int64_t kHidden = 128;
 constexpr std::int64_t kClasses = 10;
 constexpr std::int64_t kBatch = 32;     // rows of the batch used to compare outputs
-constexpr double kOutputTolerance = 1e-4;  // fp32, CPU vs device, relative to the largest output
+// fp32 outputs on two devices, relative to the largest (common/compare.h says why 1e-5).
+constexpr double kOutputTolerance = course::tolerance_for(torch::kFloat);
 
 /// A small classifier with both kinds of state a module holds: parameters (Linear weights and
 /// biases, BatchNorm's affine) and buffers (BatchNorm's running statistics).

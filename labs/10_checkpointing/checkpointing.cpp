@@ -1471,15 +1471,6 @@ StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::T
   return result;
 }
 
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].defined() || !b[i].defined()) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  }
-  return worst;
-}
-
 }  // namespace lesson10
 
 // ---- main
@@ -1488,8 +1479,6 @@ namespace {
 
 using lesson10::CheckpointError;
 using lesson10::Progress;
-
-double tolerance_for(torch::ScalarType dtype) { return dtype == torch::kDouble ? 1e-12 : 1e-5; }
 
 std::string evidence(const char* format, double a, double b = 0) {
   char text[160];
@@ -1852,23 +1841,23 @@ int lesson_main(int argc, char** argv) {
     const StepResult plain = step_gradients(model, x, y, false, options.seed);
     const StepResult kept = step_gradients(model, x, y, true, options.seed);
     const StepResult no_replay = step_gradients(model, x, y, true, options.seed, false);
-    const double loss_diff = (plain.loss - kept.loss).abs().item<double>();
-    const double grad_diff = max_abs_diff(plain.gradients, kept.gradients);
-    const double no_replay_diff = max_abs_diff(plain.gradients, no_replay.gradients);
+    const double loss_diff = course::max_rel_diff(plain.loss, kept.loss);
+    const double grad_diff = course::max_rel_diff(plain.gradients, kept.gradients);
+    const double no_replay_diff = course::max_rel_diff(plain.gradients, no_replay.gradients);
     std::printf(
-        "depth %d, width %lld, dropout %.1f, segments of %d layers: loss diff %.3g, "
-        "gradients max abs diff %.3g (tolerance %.0e)\n",
+        "depth %d, width %lld, dropout %.1f, segments of %d layers: loss relative diff %.3g, "
+        "gradients max relative diff %.3g (tolerance %.0e)\n",
         check_depth, static_cast<long long>(width), kDropout, kSegment, loss_diff, grad_diff,
-        tolerance_for(torch::kFloat));
+        course::tolerance_for(torch::kFloat));
     std::printf(
         "without replaying the RNG in backward, dropout draws other masks: gradients "
         "differ by %.3g\n",
         no_replay_diff);
     verdict.check(
-        loss_diff <= tolerance_for(torch::kFloat) && grad_diff <= tolerance_for(torch::kFloat),
+        loss_diff <= course::tolerance_for(torch::kFloat) && grad_diff <= course::tolerance_for(torch::kFloat),
         "activation checkpointing gives the same loss and gradients, the first "
         "segment's too (its input requires no grad)",
-        evidence("max abs diff %.3g", std::max(loss_diff, grad_diff)));
+        evidence("max relative diff %.3g", std::max(loss_diff, grad_diff)));
 
     const std::vector<int> depths = options.quick ? std::vector<int>{8} : std::vector<int>{8, 16};
     const std::vector<std::int64_t> batches =

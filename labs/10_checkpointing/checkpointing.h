@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/compare.h"  // defines: course::max_abs_diff, tolerance_for
 #include "common/verdict.h"  // defines: course::CourseError
 #include "training_loop.h"   // defines: lesson05's Mlp, Trainer, make_trainer (the model trained)
 
@@ -157,9 +158,5 @@ struct StepResult {
 };
 StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::Tensor& y,
                           bool checkpointed, std::uint64_t seed, bool preserve_rng = true);
-
-/// Largest |a - b| over two lists of tensors of the same shapes (infinite where one of a pair
-/// is undefined: a gradient that was never computed).
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
 
 }  // namespace lesson10

@@ -18,6 +18,7 @@
 #include <torch/version.h>  // defines: TORCH_VERSION
 
 #include "common/cli.h"     // defines: Cli, start_lesson
+#include "common/compare.h" // defines: max_rel_diff
 #include "common/device.h"  // defines: resolve_device, list_gpus, format_bytes
 #include "common/verdict.h" // defines: Verdict
 
@@ -67,7 +68,7 @@ double probe_device(const torch::Device& device, std::uint64_t seed) {
   const torch::Tensor expected = torch::mm(a, b);
   // The matmul runs where its inputs live; .to(torch::kCPU) brings the result back (and waits).
   const torch::Tensor on_device = torch::mm(a.to(device), b.to(device)).to(torch::kCPU);
-  return ((on_device - expected).abs().max() / expected.abs().max()).item<double>();
+  return course::max_rel_diff(on_device, expected);
 }
 //! [probe]
 

@@ -152,8 +152,7 @@ int lesson_main(int argc, char** argv) {
   //! [compare]
   // The batch must be on the model's device too (lesson 04 shows what happens otherwise).
   const torch::Tensor device_output = model->forward(batch.to(device)).to(torch::kCPU);
-  const double diff =
-      ((device_output - cpu_output).abs().max() / cpu_output.abs().max()).item<double>();
+  const double diff = course::max_rel_diff(device_output, cpu_output);  // common/compare.h
   //! [compare]
   verdict.check(diff <= kOutputTolerance, "outputs on " + device.str() + " match the CPU",
                 "max relative diff " + std::to_string(diff));
