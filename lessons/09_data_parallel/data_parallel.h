@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "common/c10d.h"  // defines: course::CommGroup (c10d::Backend, or ProcessGroup on 1.13)
+#include "common/compare.h"  // defines: course::max_abs_diff, relative_diff, tolerance_for
 #include "common/data.h"  // defines: course::ImageSet
 #include "training_loop.h"  // defines: lesson05's Mlp, Trainer, kLearningRate (the model trained)
 
@@ -29,13 +30,15 @@ constexpr int kQuickEpochs = 1;
 constexpr std::int64_t kQuickSamples = lesson05::kQuickSamples;
 constexpr double kQuickAccuracyBar = lesson05::kQuickAccuracyBar;
 
-/// The largest difference allowed between two ways of computing the same fp32 (or fp64) sums,
-/// which differ only in the order of additions.
-double tolerance_for(torch::ScalarType dtype);
-/// Largest |a - b| over two lists of tensors of the same shapes.
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
-/// ||a - b|| / ||b|| (L2 norms) of two tensors of the same shape.
-double relative_diff(const torch::Tensor& a, const torch::Tensor& b);
+// Part 2, what data parallelism promises exactly, whatever the CPU: from the same parameters,
+// the ranks' summed gradient is one process's gradient over the global batch, up to the order
+// of the sums (course::tolerance_for). Checked for the first few steps of every run.
+constexpr int kCheckedSteps = 5;
+// Where the two runs are compared as wholes, at the end: by what they learn. (Their parameters
+// drift apart: each step carries the last-bit differences of the sums on, and Adam grows them
+// where a gradient is near zero, since it divides each gradient by its own running size.)
+constexpr double kLossMargin = 0.02;      // final epoch's loss, relative
+constexpr double kAccuracyMargin = 0.01;  // test accuracy, absolute
 
 // ---- part 1: DataParallel in one process --------------------------------------------------------
 /// Lesson 05's 784-128-64-10 MLP as a Sequential: Sequential is Cloneable, which replicate needs.
@@ -108,14 +111,15 @@ std::string device_identity(const torch::Device& device);
 /// GPU ranks (Gloo and NCCL), or two ranks on one GPU (NCCL needs one per rank). Empty when they
 /// can.
 std::string devices_conflict(const std::vector<std::string>& identities);
-/// Every rank puts its device in the store and reads everyone's: a CourseError on every rank
-/// alike, before any group is formed, when devices_conflict() finds a reason.
-void agree_on_devices(c10d::Store& store, const RankInfo& info, const torch::Device& device,
-                      std::chrono::milliseconds timeout);
+/// The rendezvous' one wait: every rank puts its device in the store, then waits at most
+/// `timeout` for every other rank's. CourseError (the same on every rank) when a rank never
+/// arrives, or when devices_conflict() finds a reason, before any group is formed.
+void meet_the_others(c10d::Store& store, const RankInfo& info, const torch::Device& device,
+                     std::chrono::milliseconds timeout);
 
-/// The rendezvous: a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or by the launcher),
-/// every rank waiting at most `timeout` for the others. CourseError with a HINT when the address
-/// cannot be reached, the port is taken or a rank never arrives.
+/// The rendezvous' store: a TCPStore at MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or by the
+/// launcher); a client waits at most `timeout` for it to exist. CourseError with a HINT when the
+/// address cannot be reached or the port is taken. (meet_the_others() waits for the ranks.)
 c10::intrusive_ptr<c10d::Store> connect_store(const RankInfo& info,
                                               std::chrono::milliseconds timeout);
 /// The communication group over `store`: NCCL for a CUDA device, Gloo for the CPU. Gloo gives up
@@ -170,8 +174,18 @@ struct EpochStats {
 struct DistributedRun {
   lesson05::Trainer trainer;
   std::vector<EpochStats> epochs;
-  torch::Tensor after_first_epoch;  ///< a copy of the flat parameters after epoch 1
+  /// For each of the first kCheckedSteps steps (ranks of a group only): the relative difference
+  /// between the summed gradient and gradient_of_global_batch() from the same parameters.
+  std::vector<double> gradient_diffs;
+  /// The parameters after every step, as a sum of each step's checksum (int64, on the device):
+  /// ranks that held identical parameters after every step hold the same trail.
+  torch::Tensor trail;
 };
+/// One process's gradient over `indices` (a global step's samples, every rank's) from the
+/// trainer's current parameters: the loss summed over them, divided by their count, as the
+/// ranks' losses add up to. Leaves the trainer's gradients as they were.
+torch::Tensor gradient_of_global_batch(lesson05::Trainer& trainer, const course::ImageSet& train,
+                                       const torch::Tensor& indices, const torch::Device& device);
 /// Trains lesson 05's MLP as rank `rank` of `world_size`: rank 0's initial parameters, this
 /// rank's shard of each global step, gradients all-reduced. With no group (nullptr) it is one
 /// process training with batch world_size x batch_per_rank: the reference.

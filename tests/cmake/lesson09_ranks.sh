@@ -5,7 +5,9 @@
 #   two-ranks      two ranks, --quick: both exit 0 with RESULT: PASS
 #   rank-killed    rank 1 is killed (SIGKILL) mid-training: rank 0 exits non-zero, saying so,
 #                  within the timeout (and no hang)
-#   never-arrives  rank 0 alone in a job of two: exits 2 with a HINT within the timeout
+#   never-arrives  rank 0 alone in a job of two: exits 2 with the rendezvous' message and a HINT,
+#                  after one --timeout (not two)
+#   two-ranks-kernels  two ranks pass with the BLAS kernels for other CPUs forced
 # On a GPU (LESSON01 names lesson 01's binary, which counts the GPUs; exit 77, skipped, without
 # enough of them):
 #   nccl-one-rank      a job of one on NCCL (--device cuda): PASS, the group connected and shut
@@ -57,12 +59,32 @@ case $case in
     echo "rank 0 exited $r0 ${took}s after rank 1 was killed"; tail -4 "$out/rank0" ;;
   never-arrives)
     start=$(date +%s)
-    RANK=0 LOCAL_RANK=0 "$bin" --quick --timeout 3 "$@" >"$out/rank0" 2>&1; r0=$?
+    RANK=0 LOCAL_RANK=0 "$bin" --quick --timeout 5 "$@" >"$out/rank0" 2>&1; r0=$?
     took=$(( $(date +%s) - start ))
     [ $r0 -eq 2 ] || fail "exit code $r0, expected 2"
+    grep -q "gave up waiting for the other ranks.*1 of 2 arrived" "$out/rank0" || fail "not the rendezvous' message"
     grep -q "HINT:" "$out/rank0" || fail "no HINT"
-    [ $took -le 60 ] || fail "took ${took}s"
+    # One wait of --timeout, plus start-up (loading the data): not a second timeout after it.
+    [ $took -le 5 ] && fail "gave up after ${took}s, before the timeout of 5s"
+    [ $took -le 15 ] || fail "took ${took}s with --timeout 5"
     echo "rank 0 gave up after ${took}s"; tail -2 "$out/rank0" ;;
+  two-ranks-kernels)
+    # Two ranks pass on this CPU with the BLAS's kernels for other CPUs forced, each of which
+    # rounds a matrix product differently (OpenBLAS: Debian's flavour; MKL: the 2.11 wheel's).
+    for kernels in "OPENBLAS_CORETYPE=Sandybridge MKL_ENABLE_INSTRUCTIONS=AVX2" \
+                   "OPENBLAS_CORETYPE=Prescott MKL_ENABLE_INSTRUCTIONS=SSE4_2"; do
+      port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
+             || echo $((20000 + ($$ + 1) % 20000)))
+      for r in 0 1; do
+        env $kernels MASTER_PORT=$port RANK=$r LOCAL_RANK=$r "$bin" --quick --timeout $timeout "$@" \
+          >"$out/rank$r" 2>&1 &
+        eval p$r=\$!
+      done
+      wait $p0; r0=$?; wait $p1; r1=$?
+      [ $r0 -eq 0 ] && [ $r1 -eq 0 ] || fail "$kernels: exit codes $r0 and $r1"
+      grep -q "summed gradient vs one process's" "$out/rank0" || fail "$kernels: no gradient check"
+      echo "$kernels: both ranks pass"; grep "summed gradient" "$out/rank0"
+    done ;;
   nccl-one-rank)
     need_gpus 1
     WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 "$bin" --quick --timeout 60 --device cuda \
