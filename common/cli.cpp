@@ -64,6 +64,14 @@ void Cli::add_flag(const std::string& flag, bool& value, const std::string& help
   impl_->app.add_flag(flag, value, help);
 }
 
+void Cli::add_hidden_path(const std::string& flag, std::string& value) {
+  impl_->app.add_option(flag, value)->group("");  // CLI11: no group, no line in --help
+}
+
+void Cli::add_hidden_flag(const std::string& flag, bool& value) {
+  impl_->app.add_flag(flag, value)->group("");
+}
+
 std::optional<int> Cli::parse(int argc, char** argv) {
   try {
     impl_->app.parse(argc, argv);

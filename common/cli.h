@@ -39,6 +39,10 @@ class Cli {
   /// A file path (any string; the lesson checks it when it uses it).
   void add_path(const std::string& flag, std::string& value, const std::string& help);
   void add_flag(const std::string& flag, bool& value, const std::string& help);
+  /// A flag the program passes to itself (a child process it starts): parsed, but not listed by
+  /// --help, since a learner never types it.
+  void add_hidden_path(const std::string& flag, std::string& value);
+  void add_hidden_flag(const std::string& flag, bool& value);
 
   /// Parses argv. Returns an exit code when the program must stop now (0 after --help,
   /// 2 after a bad flag, with the reason on stderr), or nothing to go on.

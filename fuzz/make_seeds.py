@@ -21,6 +21,10 @@ seq = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linea
 state = seq.state_dict()
 state["0.weight"] = state["0.weight"].t()  # a transposed (non-contiguous) tensor
 torch.save(state, f"{out}/{tag}-transposed.pt")
+if hasattr(torch.serialization, "set_crc32_options"):  # 2.x: a file with every CRC-32 left 0
+    torch.serialization.set_crc32_options(False)
+    torch.save(linear.state_dict(), f"{out}/{tag}-no-crc32.pt")
+    torch.serialization.set_crc32_options(True)
 if tag == "py1.13":
     torch.save(linear.state_dict(), f"{out}/{tag}-legacy-format.pt",
                _use_new_zipfile_serialization=False)

@@ -1,6 +1,7 @@
 // Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST, memory
 // metering, timing and synthetic data.
 #include <signal.h>
+#include <sys/wait.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/child_process.h"
 #include "common/cli.h"
 #include "common/compare.h"
 #include "common/data.h"
@@ -93,6 +95,31 @@ TEST(FormatBytes, Units) {
   EXPECT_EQ(course::format_bytes(1536), "1.5 KiB");
   EXPECT_EQ(course::format_bytes(3.0 * (1 << 30)), "3.0 GiB");
   EXPECT_EQ(course::format_bytes(-2048), "-2.0 KiB");
+}
+
+// ---- a child process ---------------------------------------------------------------------------
+// Tests a child process: its lines read back one by one, a kill that ends it at once (SIGKILL),
+// and a program that does not exist is an error naming it.
+TEST(ChildProcess, ReadsLinesAndKills) {
+  const auto start = std::chrono::steady_clock::now();
+  course::ChildProcess child({"/bin/sh", "-c", "echo one; echo two; sleep 60; echo never"});
+  std::string line;
+  ASSERT_TRUE(child.read_line(line));
+  EXPECT_EQ(line, "one");
+  ASSERT_TRUE(child.read_line(line));
+  EXPECT_EQ(line, "two");
+  const int status = child.kill();
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  EXPECT_FALSE(child.read_line(line));  // its output ends with it
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  try {
+    course::ChildProcess missing({"/no/such/program"});
+    ADD_FAILURE() << "started a program that does not exist";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/no/such/program"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::exists(course::self_executable()));
 }
 
 // ---- comparing results -----------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+// child_process.cpp: a child process over posix_spawn, a pipe and SIGKILL.
+#include "common/child_process.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace course {
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw std::runtime_error("ChildProcess: no program to start");
+  int pipe_ends[2];
+  if (::pipe(pipe_ends) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_ends[0]);
+  std::vector<std::string> args = argv;
+  std::vector<char*> pointers;
+  for (auto& a : args) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  const int spawned =
+      posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, pointers.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_ends[1]);
+  if (spawned != 0) {
+    ::close(pipe_ends[0]);
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(spawned));
+  }
+  out_ = pipe_ends[0];
+}
+
+ChildProcess::~ChildProcess() {
+  if (!reaped_) kill();
+  if (out_ >= 0) ::close(out_);
+}
+
+bool ChildProcess::read_line(std::string& line) {
+  line.clear();
+  char c = 0;
+  while (true) {
+    const ssize_t n = ::read(out_, &c, 1);
+    if (n == 0) return false;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (c == '\n') return true;
+    line.push_back(c);
+  }
+}
+
+int ChildProcess::kill() {
+  if (!reaped_) {
+    ::kill(pid_, SIGKILL);
+    while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+  }
+  return status_;
+}
+
+std::string self_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+double kill_at_random_moment(const std::vector<std::string>& argv, int lines,
+                             std::mt19937_64& random) {
+  ChildProcess child(argv);
+  std::string line;
+  auto last = std::chrono::steady_clock::now();
+  double piece = 0;  // seconds the last piece of work took
+  for (int i = 0; i < lines; ++i) {
+    if (!child.read_line(line)) {
+      throw std::runtime_error(argv[0] + " stopped after " + std::to_string(i) + " of " +
+                               std::to_string(lines) + " lines");
+    }
+    const auto now = std::chrono::steady_clock::now();
+    piece = std::chrono::duration<double>(now - last).count();
+    last = now;
+  }
+  std::uniform_real_distribution<double> when(0.0, piece);
+  std::this_thread::sleep_for(std::chrono::duration<double>(when(random)));
+  child.kill();
+  return piece;
+}
+
+}  // namespace course

@@ -1,0 +1,47 @@
+// child_process.h defines: ChildProcess, a program started with its output read back line by line
+// and killed on demand (what a test of a crash needs), and self_executable().
+#pragma once
+
+#include <sys/types.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+namespace course {
+
+/// A program running beside this one, its standard output piped back here.
+class ChildProcess {
+ public:
+  /// Starts `argv[0]` with the arguments `argv` and this process's environment (posix_spawn).
+  /// Throws std::runtime_error, naming the program, when it cannot start.
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  /// Kills the child if it still runs, and waits for it: no zombie is left.
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  /// The next line the child printed, without its newline; false at the end of its output.
+  bool read_line(std::string& line);
+  /// Sends SIGKILL (no chance to clean up: a crash, a power cut) and waits for the child.
+  /// Returns its status as waitpid() reports it.
+  int kill();
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;  // the read end of the child's stdout
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+/// This program's own path (/proc/self/exe), to start it again as a child.
+std::string self_executable();
+
+/// A crash test's kill: starts `argv`, a program that prints a line each time it finishes a piece
+/// of work, waits for `lines` lines, then kills it (SIGKILL) at a moment drawn from `random` within
+/// the time its last piece took, so that most kills land in the middle of the next piece.
+/// Returns that time in seconds; std::runtime_error when the program stops printing first.
+double kill_at_random_moment(const std::vector<std::string>& argv, int lines,
+                             std::mt19937_64& random);
+
+}  // namespace course
