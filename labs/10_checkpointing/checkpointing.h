@@ -1,5 +1,5 @@
 // checkpointing.h: what lesson 10 teaches, callable from its tests and benchmarks.
-// See checkpointing.cpp.
+// See checkpointing.cpp (parts 0-5) and activation_checkpointing.h (part 6).
 #pragma once
 
 #include <torch/torch.h>
@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "activation_checkpointing.h"  // part 6
 #include "common/compare.h"  // defines: course::max_abs_diff, tolerance_for
 #include "common/verdict.h"  // defines: course::CourseError
 #include "training_loop.h"   // defines: lesson05's Mlp, Trainer, make_trainer (the model trained)
@@ -27,11 +28,6 @@ constexpr int kResumeAt = 2;
 constexpr int kKills = 8;
 constexpr int kQuickKills = 3;
 constexpr std::int64_t kSaveLoopBytes = 32ll << 20;  // large enough that most kills land mid-write
-// Part 6: activation checkpointing on a deep MLP (width x width layers, ReLU, dropout).
-constexpr std::int64_t kDeepWidth = 512;
-constexpr int kSegment = 4;       // layers recomputed together: one saved input per segment
-constexpr double kDropout = 0.1;  // random, so recomputation must replay the RNG
-constexpr int kTimedSteps = 3;    // median of this many steps per table cell
 // What a checkpoint says it holds; a file that says otherwise is refused.
 constexpr std::int64_t kFormatVersion = 1;
 constexpr const char* kModelName = "lesson05.Mlp 784-128-64-10 + Adam";
@@ -42,8 +38,13 @@ class CheckpointError : public course::CourseError {
   using CourseError::CourseError;
 };
 
-// ---- saving and loading a training run
-// -----------------------------------------------------------
+// ---- part 0: the recipe -----------------------------------------------------------------------
+/// torch::save(model, path), then torch::load into a new model mapped onto the CPU (Python's
+/// map_location="cpu") and moved to `device`: the new model.
+lesson05::Mlp save_and_load_weights(lesson05::Mlp& model, const std::string& path,
+                                    const torch::Device& device);
+
+// ---- part 1: a training run's checkpoint ------------------------------------------------------
 /// Where a run stands, and what it trained on (a resume must train on the same).
 struct Progress {
   std::int64_t epoch = 0;       ///< completed epochs
@@ -55,6 +56,11 @@ struct Progress {
 /// A model's tensors by name (parameters, then buffers), as a state_dict lists them.
 using Entries = std::vector<std::pair<std::string, torch::Tensor>>;
 Entries model_entries(lesson05::Mlp& model);
+
+/// The state of a device's default generator (CPU: the shuffles; a GPU: its random ops), and
+/// putting one back.
+torch::Tensor rng_state(const torch::Device& device);
+void set_rng_state(const torch::Device& device, const torch::Tensor& state);
 
 /// Runs `write` with a sink that writes to a temporary file in `path`'s folder; then flushes
 /// that file to disk and renames it over `path`. A process killed at any moment leaves either
@@ -84,28 +90,12 @@ struct Loaded {
 Loaded load_checkpoint(lesson05::Trainer& trainer, const torch::Device& device,
                        const std::string& path);
 
-/// The flat parameters a checkpoint holds, without a trainer to load them into (on the CPU).
-torch::Tensor checkpoint_parameters(const std::string& path);
-
 /// Trains `trainer` from `progress.epoch` to `epochs`, saving to `checkpoint` (unless empty)
 /// after every epoch. Prints a line per epoch.
 void train_to(lesson05::Trainer& trainer, Progress& progress, int epochs, lesson05::Loader& loader,
               const torch::Device& device, const std::string& checkpoint);
 
-// ---- Python's state_dict
-// -------------------------------------------------------------------------
-/// Reads a state_dict that Python saved with torch.save(model.state_dict(), path), or a plain
-/// dict of tensors, onto the CPU. Throws CheckpointError for anything else.
-Entries read_python_state_dict(const std::string& path);
-/// Writes the model's state_dict so that Python's torch.load(path, weights_only=True) returns a
-/// dict that load_state_dict accepts (atomically).
-void write_python_state_dict(lesson05::Mlp& model, const std::string& path);
-/// Copies `entries` into `model` after checking that the names and shapes match exactly (all or
-/// nothing; CheckpointError naming `source` otherwise).
-void load_entries(lesson05::Mlp& model, const Entries& entries, const std::string& source);
-
-// ---- the crash test
-// ------------------------------------------------------------------------------
+// ---- part 2: the crash test -------------------------------------------------------------------
 /// Saves a kSaveLoopBytes checkpoint to `path` over and over (each filled with its iteration
 /// number), printing "saved N" after each, until killed. `atomic` false writes in place, the way
 /// torch::save(value, path) does.
@@ -125,38 +115,15 @@ struct KillReport {
 KillReport kill_while_saving(const std::string& program, const std::string& path, bool atomic,
                              int kills, std::uint64_t seed);
 
-// ---- activation checkpointing
-// --------------------------------------------------------------------
-/// Runs `block` on `input` without keeping its activations; backward runs it again (with the RNG
-/// as it was, when `preserve_rng`) and differentiates that. The block's parameters are inputs of
-/// the autograd node too, so they get gradients even when `input` does not require grad.
-torch::Tensor checkpoint(torch::nn::Sequential block, const torch::Tensor& input,
-                         bool preserve_rng = true);
-
-/// Layers of Linear(width, width) + ReLU + Dropout in segments of kSegment, then Linear(width, 10).
-struct DeepMlpImpl : torch::nn::Module {
-  DeepMlpImpl(int depth, std::int64_t width);
-  /// With `checkpointed`, every segment runs through checkpoint().
-  torch::Tensor forward(const torch::Tensor& x, bool checkpointed, bool preserve_rng = true);
-  std::vector<torch::nn::Sequential> segments;
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(DeepMlp);
-
-/// One training step's cost (forward, loss, backward; no optimizer).
-struct StepCost {
-  std::int64_t peak_bytes = 0;  ///< peak allocated during the step, above what was live before
-  double seconds = 0;           ///< median of kTimedSteps (after one warm-up step)
-};
-StepCost measure_step(DeepMlp& model, std::int64_t batch, bool checkpointed,
-                      const torch::Device& device);
-
-/// Loss and gradients of one step on a fixed batch, the RNG seeded with `seed` first.
-struct StepResult {
-  torch::Tensor loss;
-  std::vector<torch::Tensor> gradients;  ///< in parameters() order
-};
-StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::Tensor& y,
-                          bool checkpointed, std::uint64_t seed, bool preserve_rng = true);
+// ---- part 5: Python's state_dict files --------------------------------------------------------
+/// Reads a state_dict that Python saved with torch.save(model.state_dict(), path), or a plain
+/// dict of tensors, onto the CPU. Throws CheckpointError for anything else.
+Entries read_python_state_dict(const std::string& path);
+/// Writes the model's state_dict so that Python's torch.load(path, weights_only=True) returns a
+/// dict that load_state_dict accepts (atomically).
+void write_python_state_dict(lesson05::Mlp& model, const std::string& path);
+/// Copies `entries` into `model` after checking that the names and shapes match exactly (all or
+/// nothing; CheckpointError naming `source` otherwise).
+void load_entries(lesson05::Mlp& model, const Entries& entries, const std::string& source);
 
 }  // namespace lesson10

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lesson 10's Python side: the seeds' way of saving and loading lesson 05's MLP.
+"""Lesson 10's Python side: the Python tutorials' way of saving and loading lesson 05's MLP.
 
   save FILE [--epochs N]   train N epochs (default 1) in Python, then
                            torch.save(model.state_dict(), FILE)

@@ -5,6 +5,7 @@
 #   corrupt         a checkpoint of random bytes: exit 2 with a HINT
 #   missing-python  --from-python of a file that does not exist: exit 2 with a HINT
 #   unwritable      --checkpoint in a folder that does not exist: exit 2 before any training
+#   help            --help lists the learner's flags, not the crash test's own (--save-loop)
 set -u
 binary=$1
 case=$2
@@ -36,5 +37,10 @@ case $case in
     expect 2 "HINT: save it in Python" "$binary" --quick --from-python "$dir/none.pt" ;;
   unwritable)
     expect 2 "HINT: create the folder" "$binary" --quick --checkpoint "$dir/no/such/run.pt" ;;
+  help)
+    expect 0 "--from-python" "$binary" --help
+    if grep -q -- "--save-loop\|--in-place" "$dir/out"; then
+      cat "$dir/out"; echo "--help lists the crash test's flags" >&2; exit 1
+    fi ;;
   *) echo "unknown case $case" >&2; exit 1 ;;
 esac

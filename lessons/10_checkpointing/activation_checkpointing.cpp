@@ -1,0 +1,268 @@
+// Lesson 10, part 6 — activation checkpointing: trade recomputation for memory inside one step.
+//
+// Backward needs what forward computed (each Linear's input, each ReLU's output, each dropout
+// mask). For a deep model and a large batch those activations fill the memory. Checkpointing keeps
+// only each segment's input and runs the segment again in backward. Python has
+// torch.utils.checkpoint; LibTorch has nothing like it, so this file writes one: a custom autograd
+// Function that recomputes its segment with the RNG replayed, so that dropout draws the same masks.
+// Checks (run by the lesson, Part 6): the same loss and gradients as the plain model (tolerance by
+// dtype), the first segment's too (its input requires no grad), and a lower peak in every cell.
+#include "activation_checkpointing.h"
+
+#include <ATen/core/ivalue.h>  // defines: IValue::make_capsule
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "checkpointing.h"   // defines: rng_state, set_rng_state
+#include "common/device.h"   // defines: format_bytes, synchronize
+#include "common/memory.h"   // defines: memory_stats, reset_peak_memory
+#include "common/timing.h"   // defines: time_median
+#include "common/verdict.h"  // defines: Verdict
+
+namespace lesson10 {
+
+namespace {
+
+// The segment a CheckpointFunction recomputes, kept in the autograd context (which holds
+// IValues) as a capsule.
+struct SegmentHolder : torch::CustomClassHolder {
+  explicit SegmentHolder(torch::nn::Sequential s) : segment(std::move(s)) {}
+  torch::nn::Sequential segment;
+};
+
+// The generators' states now; restore() puts them back.
+struct RngStates {
+  torch::Device device;
+  torch::Tensor cpu, cuda;
+  explicit RngStates(const torch::Device& d) : device(d), cpu(rng_state(torch::kCPU)) {
+    if (d.is_cuda()) cuda = rng_state(d);
+  }
+  RngStates(const torch::Device& d, torch::Tensor c, torch::Tensor g)
+      : device(d), cpu(std::move(c)), cuda(std::move(g)) {}
+  void restore() const {
+    set_rng_state(torch::kCPU, cpu);
+    if (cuda.defined()) set_rng_state(device, cuda);
+  }
+};
+
+//! [checkpoint-function]
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  // Autograd runs forward with gradients off: the segment's activations are freed layer by layer.
+  // Only the input is saved. The parameters come in as inputs too: that is what connects them to
+  // this node, so they get gradients even when `input` requires none (the first segment's input
+  // is the data). Had they been left out, backward would never run for such a segment and its
+  // parameters would silently keep no gradient.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::nn::Sequential segment,
+                               bool preserve_rng, const torch::Tensor& input,
+                               torch::TensorList parameters) {
+    (void)parameters;
+    ctx->saved_data["segment"] =
+        c10::IValue::make_capsule(c10::make_intrusive<SegmentHolder>(segment));
+    ctx->saved_data["input_requires_grad"] = input.requires_grad();
+    if (preserve_rng) {  // dropout in backward must draw the same numbers as here
+      const RngStates now(input.device());
+      ctx->saved_data["rng_cpu"] = now.cpu;
+      if (now.cuda.defined()) ctx->saved_data["rng_cuda"] = now.cuda;
+    }
+    ctx->save_for_backward({input});
+    return segment->forward(input);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto holder =
+        c10::static_intrusive_pointer_cast<SegmentHolder>(ctx->saved_data["segment"].toCapsule());
+    torch::nn::Sequential segment = holder->segment;
+    const torch::Tensor input = ctx->get_saved_variables()[0];
+    const std::vector<torch::Tensor> parameters = segment->parameters();
+    // Run the segment again, this time recording a graph, from a detached copy of the input.
+    torch::Tensor x =
+        input.detach().requires_grad_(ctx->saved_data["input_requires_grad"].toBool());
+    torch::Tensor output;
+    {
+      std::optional<RngStates> after;  // the RNG as backward found it, put back afterwards
+      if (ctx->saved_data.count("rng_cpu") != 0) {
+        after.emplace(x.device());
+        const auto cuda = ctx->saved_data.count("rng_cuda") != 0
+                              ? ctx->saved_data["rng_cuda"].toTensor()
+                              : torch::Tensor();
+        RngStates(x.device(), ctx->saved_data["rng_cpu"].toTensor(), cuda).restore();
+      }
+      torch::AutoGradMode enable_grad(true);
+      output = segment->forward(x);
+      if (after) after->restore();
+    }
+    // Differentiate the recomputed segment; the gradients go back through this node's inputs.
+    std::vector<torch::Tensor> wrt;
+    if (x.requires_grad()) wrt.push_back(x);
+    for (const auto& p : parameters) {
+      if (p.requires_grad()) wrt.push_back(p);
+    }
+    torch::autograd::variable_list grads;
+    if (!wrt.empty() && grad_outputs[0].defined()) {
+      grads = torch::autograd::grad({output}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+    } else {
+      grads.resize(wrt.size());
+    }
+    // One entry per forward argument: none for `segment` and `preserve_rng`, then the input's,
+    // then each parameter's.
+    torch::autograd::variable_list result = {torch::Tensor(), torch::Tensor()};
+    std::size_t next = 0;
+    result.push_back(x.requires_grad() ? grads[next++] : torch::Tensor());
+    for (const auto& p : parameters)
+      result.push_back(p.requires_grad() ? grads[next++] : torch::Tensor());
+    return result;
+  }
+};
+//! [checkpoint-function]
+
+}  // namespace
+
+torch::Tensor checkpoint(torch::nn::Sequential block, const torch::Tensor& input,
+                         bool preserve_rng) {
+  const std::vector<torch::Tensor> parameters = block->parameters();
+  return CheckpointFunction::apply(block, preserve_rng, input, torch::TensorList(parameters));
+}
+
+DeepMlpImpl::DeepMlpImpl(int depth, std::int64_t width) {
+  for (int first = 0; first < depth; first += kSegment) {
+    torch::nn::Sequential segment;
+    for (int layer = first; layer < std::min(depth, first + kSegment); ++layer) {
+      segment->push_back(torch::nn::Linear(width, width));
+      segment->push_back(torch::nn::ReLU());
+      segment->push_back(torch::nn::Dropout(kDropout));
+    }
+    segments.push_back(register_module("segment" + std::to_string(segments.size()), segment));
+  }
+  head = register_module("head", torch::nn::Linear(width, 10));
+}
+
+//! [deep-forward]
+torch::Tensor DeepMlpImpl::forward(const torch::Tensor& x, bool checkpointed, bool preserve_rng) {
+  torch::Tensor h = x;
+  for (auto& segment : segments) {
+    h = checkpointed ? checkpoint(segment, h, preserve_rng) : segment->forward(h);
+  }
+  return head(h);
+}
+//! [deep-forward]
+
+namespace {
+
+std::int64_t width_of(DeepMlp& model) { return model->head->options.in_features(); }
+
+void zero_gradients(torch::nn::Module& model) {
+  for (auto& p : model.parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+}  // namespace
+
+StepCost measure_step(DeepMlp& model, std::int64_t batch, bool checkpointed,
+                      const torch::Device& device) {
+  model->to(device);
+  model->train();
+  const auto options = torch::TensorOptions().device(device);
+  const torch::Tensor x = torch::randn({batch, width_of(model)}, options);
+  const torch::Tensor y = torch::randint(0, 10, {batch}, options.dtype(torch::kLong));
+  auto step = [&] {
+    zero_gradients(*model);
+    torch::nn::functional::cross_entropy(model->forward(x, checkpointed), y).backward();
+  };
+  step();  // warm-up: the gradients exist from here on, so the peak below is the step's own
+  course::synchronize(device);
+  course::reset_peak_memory(device);
+  const std::int64_t before = course::memory_stats(device).allocated;
+  step();
+  course::synchronize(device);
+  StepCost cost;
+  cost.peak_bytes = course::memory_stats(device).peak_allocated - before;
+  cost.seconds = course::time_median(step, device, /*warmup=*/0, kTimedSteps).median_s;
+  return cost;
+}
+
+StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::Tensor& y,
+                          bool checkpointed, std::uint64_t seed, bool preserve_rng) {
+  model->train();
+  zero_gradients(*model);
+  torch::manual_seed(seed);  // the same dropout masks for both ways
+  StepResult result;
+  result.loss =
+      torch::nn::functional::cross_entropy(model->forward(x, checkpointed, preserve_rng), y);
+  result.loss.backward();
+  result.loss = result.loss.detach();
+  for (const auto& p : model->parameters()) {
+    result.gradients.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  }
+  return result;
+}
+
+
+//! [activation-part]
+void activation_checkpointing_part(const torch::Device& device, bool quick, std::uint64_t seed,
+                                   course::Verdict& verdict) {
+  std::cout << "\n== Part 6: activation checkpointing ==\n";
+  // 1. The same loss and gradients, with dropout on, from the same seed.
+  const std::int64_t width = quick ? kDeepWidth / 2 : kDeepWidth;
+  const int check_depth = 2 * kSegment;
+  torch::manual_seed(seed);
+  DeepMlp model(check_depth, width);
+  model->to(device);
+  const auto on = torch::TensorOptions().device(device);
+  const torch::Tensor x = torch::randn({64, width}, on);  // data: requires no grad
+  const torch::Tensor y = torch::randint(0, 10, {64}, on.dtype(torch::kLong));
+  const StepResult plain = step_gradients(model, x, y, /*checkpointed=*/false, seed);
+  const StepResult kept = step_gradients(model, x, y, /*checkpointed=*/true, seed);
+  const StepResult no_replay = step_gradients(model, x, y, true, seed, /*preserve_rng=*/false);
+  const double tolerance = course::tolerance_for(torch::kFloat);
+  const double diff = std::max(course::max_rel_diff(plain.loss, kept.loss),
+                               course::max_rel_diff(plain.gradients, kept.gradients));
+  std::printf("depth %d, width %lld, dropout %.1f, segments of %d layers: loss and gradients, "
+              "max relative diff %.3g (tolerance %.0e)\n",
+              check_depth, static_cast<long long>(width), kDropout, kSegment, diff, tolerance);
+  std::printf("without replaying the RNG in backward, dropout draws other masks: gradients "
+              "differ by %.3g\n",
+              course::max_rel_diff(plain.gradients, no_replay.gradients));
+  char evidence[64];
+  std::snprintf(evidence, sizeof evidence, "max relative diff %.3g", diff);
+  verdict.check(diff <= tolerance,
+                "activation checkpointing gives the same loss and gradients, the first "
+                "segment's too (its input requires no grad)",
+                evidence);
+
+  // 2. The peak of a step, and its time, without and with checkpointing.
+  const std::vector<int> depths = quick ? std::vector<int>{8} : std::vector<int>{8, 16};
+  const std::vector<std::int64_t> batches =
+      quick ? std::vector<std::int64_t>{256} : std::vector<std::int64_t>{256, 1024};
+  std::printf("\n%6s %6s %14s %14s %7s %11s %11s %8s\n", "depth", "batch", "peak, plain",
+              "peak, ckpt", "ratio", "step, plain", "step, ckpt", "extra");
+  bool lower = true;
+  for (const int depth : depths) {
+    torch::manual_seed(seed);
+    DeepMlp deep(depth, width);
+    for (const std::int64_t batch : batches) {
+      const StepCost without = measure_step(deep, batch, false, device);
+      const StepCost with = measure_step(deep, batch, true, device);
+      lower = lower && with.peak_bytes < without.peak_bytes;
+      std::printf("%6d %6lld %14s %14s %6.2fx %8.1f ms %8.1f ms %+7.0f%%\n", depth,
+                  static_cast<long long>(batch),
+                  course::format_bytes(static_cast<double>(without.peak_bytes)).c_str(),
+                  course::format_bytes(static_cast<double>(with.peak_bytes)).c_str(),
+                  static_cast<double>(with.peak_bytes) / static_cast<double>(without.peak_bytes),
+                  without.seconds * 1e3, with.seconds * 1e3,
+                  (with.seconds / without.seconds - 1) * 100);
+    }
+  }
+  std::cout << "(peak: bytes allocated during one step above those live before it; step: "
+               "forward + backward, median of "
+            << kTimedSteps << ")\n";
+  verdict.check(lower, "activation checkpointing lowers every step's peak memory");
+}
+//! [activation-part]
+
+}  // namespace lesson10
