@@ -102,7 +102,8 @@ TEST(FormatBytes, Units) {
 // and a program that does not exist is an error naming it.
 TEST(ChildProcess, ReadsLinesAndKills) {
   const auto start = std::chrono::steady_clock::now();
-  course::ChildProcess child({"/bin/sh", "-c", "echo one; echo two; sleep 60; echo never"});
+  // exec: the shell becomes `sleep`, so that the kill reaches the one process holding the pipe.
+  course::ChildProcess child({"/bin/sh", "-c", "echo one; echo two; exec sleep 60"});
   std::string line;
   ASSERT_TRUE(child.read_line(line));
   EXPECT_EQ(line, "one");
