@@ -1,6 +1,7 @@
-// bench_training: lesson 05's training step and epoch on the CPU and the GPU, with both loaders,
-// batch sizes 64..4096, in samples per second; on the GPU also the step eager against captured in
-// a CUDA graph (batch 64 and 1024). GPU timings synchronize before reading the clock.
+// bench_training: lesson 05's training step (the tutorial's against the flat one) and epoch (both
+// loaders; the textbook loader with 0, 1 and 2 worker threads) on the CPU and the GPU, batch sizes
+// 64..4096, in samples per second; on the GPU also the step eager against captured in a CUDA graph
+// (batch 64 and 1024). GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
 // The epoch benchmarks read Fashion-MNIST (--data-dir is not a benchmark flag: set
@@ -35,18 +36,32 @@ const course::ImageSet* train_set(benchmark::State& state) {
   return &data;
 }
 
-// ---- one training step on a fixed batch --------------------------------------------------------
+// ---- one training step on a fixed batch: the tutorial's step against the flat one --------------
 void train_step(benchmark::State& state, const c10::Device& device) {
-  const std::int64_t batch = state.range(0);
-  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+  const bool flat = state.range(0) != 0;
+  const std::int64_t batch = state.range(1);
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);
   const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  bench::run_timed(state, device, [&] {
-    trainer.flat.gradients.zero_();
-    torch::nn::functional::cross_entropy(trainer.model->forward(images), labels).backward();
-    trainer.optimizer->step();
-  });
+  const auto loss = [&](lesson05::Mlp& model) {
+    return torch::nn::functional::cross_entropy(model->forward(images), labels);
+  };
+  if (flat) {
+    lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+    bench::run_timed(state, device, [&] {
+      trainer.flat.gradients.zero_();
+      loss(trainer.model).backward();
+      trainer.optimizer->step();
+    });
+  } else {
+    lesson05::TextbookTrainer trainer = lesson05::make_textbook_trainer(device, lesson05::kSeed);
+    bench::run_timed(state, device, [&] {
+      trainer.optimizer->zero_grad();
+      loss(trainer.model).backward();
+      trainer.optimizer->step();
+    });
+  }
+  state.SetLabel(flat ? "flat" : "textbook");
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["FLOP/s"] = benchmark::Counter(kTrainFlopsPerSample * batch,
                                                 benchmark::Counter::kIsIterationInvariantRate);
@@ -83,20 +98,30 @@ void BM_DeviceAdamStepCuda(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * batch);
 }
 
-// ---- one epoch of Fashion-MNIST ------------------------------------------------------------------
-void epoch(benchmark::State& state, const c10::Device& device) {
+// ---- one epoch of Fashion-MNIST: the tutorial's step, fed by either loader -------------------------
+void epoch(benchmark::State& state, const c10::Device& device, const std::string& loader_name,
+           std::int64_t batch, int workers) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  const std::string loader_name = state.range(0) == 0 ? "batches" : "resident";
-  const std::int64_t batch = state.range(1);
-  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
-  auto loader = lesson05::make_loader(loader_name, *data, batch, device);
-  bench::run_timed(state, device, [&] { lesson05::train_epoch(trainer, *loader, device); });
+  lesson05::TextbookTrainer trainer = lesson05::make_textbook_trainer(device, lesson05::kSeed);
+  auto loader = lesson05::make_loader(loader_name, *data, batch, device, workers);
+  bench::run_timed(state, device,
+                   [&] { lesson05::train_epoch_textbook(trainer, *loader, device); });
   state.SetLabel(loader_name);
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =
       benchmark::Counter(kTrainFlopsPerSample * static_cast<double>(data->labels.size(0)),
                          benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void epoch(benchmark::State& state, const c10::Device& device) {
+  epoch(state, device, state.range(0) == 0 ? "batches" : "resident", state.range(1), 0);
+}
+
+// The textbook loader with 0, 1 or 2 threads gathering ahead (DataLoader's num_workers): what
+// background loading buys when gathering a batch costs little beside its step.
+void BM_EpochWorkersCpu(benchmark::State& state) {
+  epoch(state, torch::kCPU, "batches", state.range(1), static_cast<int>(state.range(0)));
 }
 
 void BM_EpochCpu(benchmark::State& state) { epoch(state, torch::kCPU); }
@@ -107,13 +132,15 @@ void BM_EpochCuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_TrainStepCpu)->ArgName("batch")->RangeMultiplier(4)->Range(64, 4096)
+BENCHMARK(BM_TrainStepCpu)->ArgNames({"flat", "batch"})->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_TrainStepCuda)->ArgName("batch")->RangeMultiplier(4)->Range(64, 4096)
+BENCHMARK(BM_TrainStepCuda)->ArgNames({"flat", "batch"})->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DeviceAdamStepCuda)->ArgNames({"graphed", "batch"})->ArgsProduct({{0, 1}, {64, 1024}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EpochCpu)->ArgNames({"resident", "batch"})
     ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EpochWorkersCpu)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 1, 2}, {64}})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EpochCuda)->ArgNames({"resident", "batch"})
     ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);

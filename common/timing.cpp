@@ -1,8 +1,12 @@
-// timing.cpp: synchronized stopwatch and median timing.
+// timing.cpp: synchronized stopwatch, median timing, and counting operators.
 #include "common/timing.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <vector>
+
+#include <ATen/record_function.h>  // defines: at::addGlobalCallback, at::removeCallback
 
 #include "common/device.h"
 
@@ -43,6 +47,32 @@ Timing time_median(const std::function<void()>& work, const c10::Device& device,
   timing.max_s = *std::max_element(seconds.begin(), seconds.end());
   timing.median_s = median(seconds);
   return timing;
+}
+
+std::string describe(const Timing& timing, const char* unit) {
+  char text[160];
+  std::snprintf(text, sizeof text, "%.3f %s (%.3f-%.3f, %d runs)", timing.median_s, unit,
+                timing.min_s, timing.max_s, timing.runs);
+  return text;
+}
+
+bool looks_busy(const Timing& timing) {
+  return timing.runs > 1 && timing.min_s > 0 && timing.max_s > kBusyRatio * timing.min_s;
+}
+
+std::int64_t count_operators(const std::function<void()>& work) {
+  static std::atomic<std::int64_t> count{0};
+  count = 0;
+  const at::CallbackHandle handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+            count.fetch_add(1, std::memory_order_relaxed);
+            return nullptr;
+          })
+          .scopes({at::RecordScope::FUNCTION}));
+  work();
+  at::removeCallback(handle);
+  return count.load();
 }
 
 }  // namespace course

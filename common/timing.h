@@ -1,9 +1,12 @@
 // timing.h defines: a stopwatch that synchronizes the device before reading the clock, the
-// median of several timed runs after warm-up, and median() itself.
+// median of several timed runs after warm-up (with their spread, and whether it says the machine
+// was busy), median() itself, and a count of the ATen operators a piece of work dispatches.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <c10/core/Device.h>  // defines: c10::Device
@@ -37,5 +40,17 @@ struct Timing {
 };
 Timing time_median(const std::function<void()>& work, const c10::Device& device, int warmup,
                    int runs);
+
+/// How many ATen operators one call of `work` dispatches, on every thread (autograd runs a GPU's
+/// backward on threads of its own): counted with LibTorch's RecordFunction callbacks, nested
+/// operators included. On a GPU most of them launch a kernel each.
+std::int64_t count_operators(const std::function<void()>& work);
+
+/// "0.412 s (0.391-0.520, 4 runs)": the median, then the fastest and the slowest run.
+std::string describe(const Timing& timing, const char* unit = "s");
+/// True when the slowest run took more than kBusyRatio times the fastest: the machine was busy,
+/// and figures taken on it do not repeat.
+constexpr double kBusyRatio = 1.5;
+bool looks_busy(const Timing& timing);
 
 }  // namespace course

@@ -6,6 +6,7 @@
 #include "common/compare.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
+#include "move_asked.h"
 #include "training_loop.h"
 
 namespace {
@@ -64,9 +65,12 @@ TEST(Loaders, EverySampleOncePerEpoch) {
   expect_each_sample_once("resident", torch::kCPU);
 }
 
-// Tests that an unknown loader name is a usage error.
+// Tests that an unknown loader or run name is a usage error.
 TEST(Loaders, UnknownNameIsUsageError) {
   EXPECT_THROW(lesson05::make_loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
+  EXPECT_THROW(lesson05::train_and_evaluate(numbered(10), numbered(10), "batches", 1, 4,
+                                            torch::kCPU, 1),
+               course::UsageError);
 }
 
 // Tests that flattening keeps the values and routes every gradient into the flat buffer.
@@ -199,19 +203,91 @@ TEST_F(FashionMnistTest, OneEpochReducesLoss) {
   EXPECT_LT(mean_loss(trainer.model, subset), 0.6 * before);
 }
 
-// Tests that on the CPU the same seed gives identical results, whichever loader is used.
+// Tests that on the CPU the same seed gives identical results, whichever loader is used, with or
+// without worker threads gathering the batches.
 TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
   const course::ImageSet subset = lesson05::take(train(), 3000);
   const course::ImageSet eval = lesson05::take(test(), 1000);
   const auto a = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
   const auto b = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
-  const auto c = lesson05::train_and_evaluate(subset, eval, "batches", 2, 64, torch::kCPU, 11);
+  const auto c = lesson05::train_and_evaluate(subset, eval, "textbook", 2, 64, torch::kCPU, 11);
+  const auto d = lesson05::train_and_evaluate(subset, eval, "textbook", 2, 64, torch::kCPU, 11,
+                                              false, /*workers=*/2);
   for (size_t e = 0; e < a.epochs.size(); ++e) {
     EXPECT_EQ(a.epochs[e].mean_loss, b.epochs[e].mean_loss);
     EXPECT_EQ(a.epochs[e].mean_loss, c.epochs[e].mean_loss);
+    EXPECT_EQ(a.epochs[e].mean_loss, d.epochs[e].mean_loss);
   }
   EXPECT_EQ(a.accuracy, b.accuracy);
   EXPECT_EQ(a.accuracy, c.accuracy);
+  EXPECT_EQ(a.accuracy, d.accuracy);
+}
+
+// Tests the lesson's "going faster" step: the flat parameters train as the tutorial's loop does
+// (Adam over model->parameters(), zero_grad()), epoch by epoch, from the same seed.
+TEST_F(FashionMnistTest, FlatStepTrainsAsTheTextbookLoop) {
+  const course::ImageSet subset = lesson05::take(train(), 3000);
+  const course::ImageSet eval = lesson05::take(test(), 1000);
+  const auto textbook = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 7);
+  const auto flat = lesson05::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
+  for (size_t e = 0; e < textbook.epochs.size(); ++e) {
+    EXPECT_LE(std::abs(flat.epochs[e].mean_loss - textbook.epochs[e].mean_loss) /
+                  textbook.epochs[e].mean_loss,
+              lesson05::kFlatTolerance);
+  }
+  EXPECT_NEAR(flat.accuracy, textbook.accuracy, 0.01);
+}
+
+// Tests the mistake of mixing the two: zero_grad() on a flattened model's parameters leaves their
+// gradients outside the flat tensor (2.x sets them to none), and the flat epoch says so instead of
+// training on gradients Adam never sees.
+TEST(FlattenParameters, ZeroGradOnAFlattenedModelIsACourseError) {
+  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, 1);
+  trainer.model->zero_grad(/*set_to_none=*/true);
+  auto loader = lesson05::make_loader("resident", numbered(100), 64, torch::kCPU);
+  try {
+    lesson05::train_epoch(trainer, *loader, torch::kCPU);
+    ADD_FAILURE() << "trained with gradients outside the flat tensor";
+  } catch (const course::CourseError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_grad()"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("flat.gradients.zero_()"), std::string::npos) << e.hint();
+  }
+}
+
+// Tests that worker threads gathering the batches change nothing but who gathers: the same
+// samples in the same order, epoch after epoch, also when an epoch is left half-way.
+TEST(Loaders, WorkersGiveTheSameBatchesInTheSameOrder) {
+  torch::manual_seed(9);
+  auto plain = lesson05::make_batches_loader(numbered(1000), 64, torch::kCPU, /*workers=*/0);
+  const auto first = one_epoch(*plain), second = one_epoch(*plain);
+  for (const int workers : {1, 2, 3}) {
+    torch::manual_seed(9);
+    auto threaded = lesson05::make_batches_loader(numbered(1000), 64, torch::kCPU, workers);
+    lesson05::Batch batch;
+    threaded->start_epoch();  // an epoch left after one batch, as a `break` leaves it:
+    ASSERT_TRUE(threaded->next(batch));  // its workers stop, the next epoch starts afresh
+    torch::manual_seed(9);
+    EXPECT_EQ(one_epoch(*threaded), first) << workers << " workers";
+    EXPECT_EQ(one_epoch(*threaded), second) << workers << " workers";
+  }
+}
+
+// Tests the moves where a CPU can see them: make_textbook_trainer asks for the model's move
+// (move_asked.h), and the textbook loader copies every batch to the device it is given (a plain
+// tensor can go to the meta device, which stands in for a GPU here).
+TEST(Moves, TrainerAndBatchesGoToTheDevice) {
+  expect_move_asked([](const c10::Device& device) {
+    (void)lesson05::make_textbook_trainer(device, lesson05::kSeed);
+  }, "make_textbook_trainer");
+  const torch::Device meta(torch::kMeta);
+  auto loader = lesson05::make_batches_loader(numbered(100), 64, meta, /*workers=*/0);
+  lesson05::Batch batch;
+  loader->start_epoch();
+  ASSERT_TRUE(loader->next(batch));
+  EXPECT_EQ(batch.images.device(), meta) << "the batch's images stayed on the host: copy them "
+                                            "with .to(device)";
+  EXPECT_EQ(batch.labels.device(), meta) << "the batch's labels stayed on the host: copy them "
+                                            "with .to(device)";
 }
 
 // Tests the lesson's verdict: the default run (5 epochs, batch 64, all 60,000 images) reaches
@@ -226,7 +302,7 @@ TEST_F(FashionMnistTest, DefaultRunReachesAccuracyBar) {
 // Tests the quick mode's bar on its subset.
 TEST_F(FashionMnistTest, QuickRunReachesQuickBar) {
   const auto run = lesson05::train_and_evaluate(lesson05::take(train(), lesson05::kQuickSamples),
-                                                test(), "batches", lesson05::kQuickEpochs,
+                                                test(), "textbook", lesson05::kQuickEpochs,
                                                 lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
   EXPECT_GE(run.accuracy, lesson05::kQuickAccuracyBar);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,12 @@ constexpr int kQuickEpochs = 1;
 constexpr std::int64_t kQuickSamples = 10000;
 constexpr double kQuickAccuracyBar = 0.70;
 constexpr std::int64_t kEvalBatch = 1000;  // evaluation needs no graph: large batches are cheap
+constexpr int kMaxWorkers = 16;           // --workers: threads gathering batches ahead
+// The flat step adds and multiplies every element as LibTorch's Adam over the separate parameters
+// does; a fused multiply-add where one kernel vectorizes and the other does not can round an
+// element's last bit differently, and training carries such bits on. The epochs' losses are
+// compared with ten times fp32's tolerance (common/compare.h), as a trajectory.
+constexpr double kFlatTolerance = 10 * course::tolerance_for(torch::kFloat);
 
 /// The classifier: 784 -> 128 -> ReLU -> 64 -> ReLU -> 10 (logits).
 struct MlpImpl : torch::nn::Module {
@@ -57,17 +64,45 @@ class Loader {
 };
 
 /// "batches": the textbook path. Each batch is gathered on the host and copied to the device
-/// (from pinned memory, non_blocking, on CUDA).
+/// (from pinned memory, non_blocking, on CUDA). With `workers` > 0, that many threads gather the
+/// next batches ahead (Python's DataLoader(num_workers=..., pin_memory=True)): the same batches
+/// in the same order.
 std::unique_ptr<Loader> make_batches_loader(const course::ImageSet& data, std::int64_t batch_size,
-                                            const torch::Device& device);
+                                            const torch::Device& device, int workers = 0);
 /// "resident": the whole dataset is copied to the device once; batches are slices of it,
 /// picked by a shuffled index tensor that lives on the device too.
 std::unique_ptr<Loader> make_resident_loader(const course::ImageSet& data,
                                              std::int64_t batch_size, const torch::Device& device);
-/// One of the two by name ("batches" or "resident").
+/// One of the two by name ("batches" or "resident"; `workers` for "batches").
 std::unique_ptr<Loader> make_loader(const std::string& name, const course::ImageSet& data,
-                                    std::int64_t batch_size, const torch::Device& device);
+                                    std::int64_t batch_size, const torch::Device& device,
+                                    int workers = 0);
 
+// ---- the tutorial's loop ------------------------------------------------------------------------
+/// What the Python tutorial builds: the model moved to the device, then Adam over its parameters.
+struct TextbookTrainer {
+  Mlp model;
+  std::unique_ptr<torch::optim::Adam> optimizer;
+};
+/// A seeded model moved to `device`, then (in this order) Adam over model->parameters().
+TextbookTrainer make_textbook_trainer(const torch::Device& device, std::uint64_t seed);
+
+/// What one epoch did.
+struct EpochStats {
+  double mean_loss = 0;
+  double seconds = 0;
+  std::int64_t samples = 0;
+  bool interrupted = false;  ///< stopped early: Ctrl-C under a course::StopOnInterrupt
+  double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
+};
+
+/// One epoch of the tutorial's loop: for each batch, zero_grad(), forward, loss, backward(),
+/// step(). With `progress`, prints a progress line (for terminals). Stops early, after the step
+/// under way, when course::stop_requested() (Ctrl-C).
+EpochStats train_epoch_textbook(TextbookTrainer& trainer, Loader& loader,
+                                const torch::Device& device, bool progress = false);
+
+// ---- going faster, all parameters in one flat tensor --------------------------------------------
 /// All of a model's parameters in one contiguous tensor, and their gradients in another: each
 /// parameter (and its .grad()) becomes a view into them, so the optimizer updates one tensor with
 /// a handful of kernels instead of a handful per parameter.
@@ -77,7 +112,8 @@ struct FlatParameters {
 };
 FlatParameters flatten_parameters(torch::nn::Module& model);
 
-/// What training needs: the model on its device, its flat parameters, and Adam over them.
+/// What the flat step needs: the model on its device, its flat parameters, and Adam over them.
+/// (Lessons 09 and 10 train with it too.)
 struct Trainer {
   Mlp model;
   FlatParameters flat;
@@ -86,7 +122,14 @@ struct Trainer {
 /// A seeded model moved to `device`, then (in this order) flattened and given its optimizer.
 Trainer make_trainer(const torch::Device& device, std::uint64_t seed);
 
-// ---- the whole step in a CUDA graph -------------------------------------------------------------
+/// One epoch of the flat step: the flat gradients zeroed in one kernel, Adam over the flat
+/// parameters. CourseError when a parameter's gradient has left the flat gradient tensor (a
+/// zero_grad() that sets gradients to none, on a model flattened after its optimizer was built).
+EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& device,
+                       bool progress = false);
+
+
+// ---- the whole step in a CUDA graph (CUDA only) -------------------------------------------------
 // torch::optim::Adam's defaults, which DeviceAdam shares.
 constexpr double kBeta1 = 0.9;
 constexpr double kBeta2 = 0.999;
@@ -150,20 +193,6 @@ class GraphedStep {
   std::unique_ptr<Impl> impl_;
 };
 
-/// What one epoch did.
-struct EpochStats {
-  double mean_loss = 0;
-  double seconds = 0;
-  std::int64_t samples = 0;
-  bool interrupted = false;  ///< stopped early: Ctrl-C under a course::StopOnInterrupt
-  double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
-};
-
-/// One epoch of training. With `progress`, prints a progress line (for terminals). Stops early,
-/// after the step under way, when course::stop_requested() (Ctrl-C).
-EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& device,
-                       bool progress = false);
-
 /// One epoch with the whole step in a CUDA graph: the loader fills the graph's static batch in
 /// place and the graph is replayed; the shorter last batch takes the same step eagerly.
 EpochStats train_epoch_graphed(Mlp& model, const FlatParameters& flat, DeviceAdam& adam,
@@ -181,15 +210,22 @@ double evaluate(Mlp& model, const course::ImageSet& data, const torch::Device& d
 /// The first `n` samples of `data` (all of it when n >= its size).
 course::ImageSet take(const course::ImageSet& data, std::int64_t n);
 
-/// A whole run: seeded model, `epochs` epochs with `loader_name` ("batches", "resident", or
-/// "graphed": the resident loader feeding the graphed step, CUDA only), then test accuracy.
+// ---- a whole run ---------------------------------------------------------------------------------
+/// The runs the lesson compares, each a step and a loader: "textbook" (the tutorial's loop, each
+/// batch copied to the device), "resident" (the tutorial's loop, the dataset resident on the
+/// device), "flat" (all parameters in one tensor, resident) and "graphed" (the flat step in a
+/// CUDA graph, resident; CUDA only).
+const std::vector<std::string>& run_names();
+/// A whole run: a seeded model, `epochs` epochs of `run` (`workers` threads gathering batches for
+/// the textbook run), then test accuracy.
 struct RunResult {
   std::vector<EpochStats> epochs;
   double accuracy = 0;
 };
 RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageSet& test,
-                             const std::string& loader_name, int epochs, std::int64_t batch_size,
+                             const std::string& run, int epochs, std::int64_t batch_size,
                              const torch::Device& device, std::uint64_t seed,
-                             bool progress = false);
+                             bool progress = false, int workers = 0);
+
 
 }  // namespace lesson05

@@ -1,36 +1,42 @@
-// Lesson 05 — a GPU-aware training loop on Fashion-MNIST, done right, with two data loaders and,
-// on CUDA, the whole step captured in a CUDA graph.
+// Lesson 05 — a GPU-aware training loop on Fashion-MNIST: the tutorial's loop first, line for
+// line, then three steps that make it faster, each measured and checked against it.
 //
 // You will learn:
 //   - the order that matters: model to the device once, THEN build the optimizer; each batch to
-//     the device inside the loop;
+//     the device inside the loop (the "textbook" run: zero_grad, backward, step, as in Python);
 //   - keep the loop free of synchronizations: accumulate the loss on the device and read it
 //     with .item() once per epoch, not once per step (each .item() waits for the GPU);
-//   - the textbook loader ("batches": gather on the host, copy each batch, pinned and
-//     non_blocking on CUDA) against a dataset resident on the device ("resident": one copy,
-//     then batches are sliced on the device by a shuffled index tensor). For a dataset this size
-//     the resident loader removes all per-batch host work and copies;
-//   - a small model's step is dominated by overheads: LibTorch's Adam runs eight kernels per
-//     parameter tensor, so the lesson keeps all parameters in one flat tensor (and all gradients
-//     in another) and the optimizer updates them with eight kernels in all;
+//   - the textbook loader gathers each batch on the host and copies it (pinned and non_blocking
+//     on CUDA; --workers N gathers ahead on N threads, DataLoader's num_workers). "resident"
+//     copies the whole dataset to the device once and slices batches there;
+//   - a small model's step is dominated by overheads: LibTorch's Adam runs several kernels per
+//     parameter tensor; "flat" keeps all parameters in one tensor (and all gradients in another),
+//     so that Adam updates them with a handful of kernels in all;
 //   - on a GPU the step's kernel launches are what is left: "graphed" captures the whole step
 //     (forward, backward, an Adam whose step count lives on the device) in a CUDA graph once and
 //     replays it for every batch, checked against the same step run eagerly.
 //
-// Run:    build/bin/lesson05_training_loop [--device ...] [--loader all|batches|resident|graphed]
-//                                          [--epochs N] [--batch-size N] [--data-dir DIR] [--quick]
+// Run:    build/bin/lesson05_training_loop [--device ...] [--run all|textbook|resident|flat|graphed]
+//                  [--workers N] [--epochs N] [--batch-size N] [--data-dir DIR] [--quick]
 // Checks: test accuracy >= kAccuracyBar after kEpochs (kQuickAccuracyBar with --quick, fewer
-//         epochs or larger batches) for each loader trained; on the CPU, both loaders see the
-//         same batches and so reach the same loss; on CUDA, the graphed step's losses equal the
-//         eager step's (kGraphTolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 77
-//         waived (--loader graphed without CUDA), 130 stopped by Ctrl-C (at the end of a step).
+//         epochs or larger batches) for each run; on the CPU, the textbook and resident runs see
+//         the same batches and so reach the same loss; the flat run's epoch losses equal the
+//         resident run's (kFlatTolerance); on CUDA, the graphed step's losses equal the eager
+//         step's (kGraphTolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 77 waived
+//         (--run graphed without CUDA), 130 stopped by Ctrl-C (at the end of a step).
 #include "training_loop.h"
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>     // defines: at::cuda::CUDAEvent (orders two streams)
@@ -60,41 +66,37 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
 }
 
-// ---- the two loaders ---------------------------------------------------------------------------
+// ---- the loaders: batches copied from the host, or a dataset resident on the device ---------
 namespace {
 
 //! [batches-loader]
 class BatchesLoader final : public Loader {
  public:
-  BatchesLoader(const course::ImageSet& data, std::int64_t batch_size, const torch::Device& device)
+  BatchesLoader(const course::ImageSet& data, std::int64_t batch_size, const torch::Device& device,
+                int workers)
       : images_(data.images.reshape({-1, kPixels}).contiguous()),
         labels_(data.labels),
         batch_size_(batch_size),
         device_(device),
-        pinned_(device.is_cuda()) {}
+        pinned_(device.is_cuda()),
+        workers_(workers) {}
+  ~BatchesLoader() override { stop_workers(); }
 
   void start_epoch() override {
+    stop_workers();
     order_ = torch::randperm(size(), torch::kLong);  // the order lives on the host
     cursor_ = 0;
+    for (int w = 0; w < workers_; ++w) threads_.emplace_back([this] { work(); });
   }
 
   bool next(Batch& batch) override {
     if (cursor_ >= size()) return false;
-    const torch::Tensor idx = order_.slice(0, cursor_, cursor_ + batch_size_);
+    const std::int64_t k = cursor_ / batch_size_;
+    const Batch host = workers_ == 0 ? gather(k) : take(k);  // on the host, pinned on CUDA
     cursor_ += batch_size_;
-    const std::int64_t n = idx.size(0);
-    // On CUDA the CPU gathers the batch straight into page-locked (pinned) memory: the copy
-    // engine reads it directly, so the copy below is asynchronous and overlaps the CPU's work on
-    // the next batch. The buffers are reused, not pinned anew: LibTorch's pinned-memory allocator
-    // caches freed blocks, and records an event on each non_blocking copy so that a block is
-    // handed out again only once the copy reading it has finished.
-    torch::Tensor images = torch::empty({n, kPixels}, images_.options().pinned_memory(pinned_));
-    torch::Tensor labels = torch::empty({n}, labels_.options().pinned_memory(pinned_));
-    torch::index_select_out(images, images_, 0, idx);  // gathered by the CPU
-    torch::index_select_out(labels, labels_, 0, idx);
-    // >>> lab: copy images and labels into `batch` on device_ (non_blocking if pinned_)
-    batch.images = images.to(device_, /*non_blocking=*/pinned_);
-    batch.labels = labels.to(device_, /*non_blocking=*/pinned_);
+    // >>> lab: copy host's images and labels into `batch` on device_ (non_blocking if pinned_)
+    batch.images = host.images.to(device_, /*non_blocking=*/pinned_);
+    batch.labels = host.labels.to(device_, /*non_blocking=*/pinned_);
     // <<< lab
     return true;
   }
@@ -103,11 +105,89 @@ class BatchesLoader final : public Loader {
   std::string name() const override { return "batches"; }
 
  private:
+  // Batch k of the epoch's order, gathered by the CPU. On CUDA straight into page-locked (pinned)
+  // memory: the copy engine reads it directly, so the copy to the device is asynchronous and
+  // overlaps the CPU's work on the next batch. The buffers are reused, not pinned anew: LibTorch's
+  // pinned-memory allocator caches freed blocks, and records an event on each non_blocking copy,
+  // so that a block is handed out again only once the copy reading it has finished.
+  Batch gather(std::int64_t k) const {
+    const torch::Tensor idx = order_.slice(0, k * batch_size_, (k + 1) * batch_size_);
+    Batch batch{torch::empty({idx.size(0), kPixels}, images_.options().pinned_memory(pinned_)),
+                torch::empty({idx.size(0)}, labels_.options().pinned_memory(pinned_))};
+    torch::index_select_out(batch.images, images_, 0, idx);
+    torch::index_select_out(batch.labels, labels_, 0, idx);
+    return batch;
+  }
+
+  // Python's DataLoader(num_workers=N, pin_memory=True) as threads (C++ has no interpreter lock):
+  // each worker claims the next batch number and gathers it, at most kAhead batches per worker
+  // ahead of the training loop, which takes them in order: the same batches, in the same order.
+  static constexpr std::int64_t kAhead = 2;
+  void work() {
+    const std::int64_t batches = (size() + batch_size_ - 1) / batch_size_;
+    while (true) {
+      std::int64_t k = 0;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_changed_.wait(lock, [&] {
+          return stop_ || claimed_ >= batches || claimed_ < taken_ + kAhead * workers_;
+        });
+        if (stop_ || claimed_ >= batches) return;
+        k = claimed_++;
+      }
+      Batch batch;
+      std::exception_ptr failure;
+      try {
+        batch = gather(k);
+      } catch (...) {
+        failure = std::current_exception();  // handed to the training loop, thrown there
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failure && !failure_) failure_ = failure;
+      ready_[k] = std::move(batch);
+      ready_changed_.notify_all();
+      if (failure) return;
+    }
+  }
+
+  Batch take(std::int64_t k) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_changed_.wait(lock, [&] { return ready_.count(k) != 0 || failure_; });
+    if (failure_) std::rethrow_exception(failure_);
+    Batch batch = std::move(ready_[k]);
+    ready_.erase(k);
+    taken_ = k + 1;
+    ready_changed_.notify_all();
+    return batch;
+  }
+
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    ready_changed_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    stop_ = false;
+    ready_.clear();
+    claimed_ = taken_ = 0;
+    failure_ = nullptr;
+  }
+
   torch::Tensor images_, labels_, order_;
   std::int64_t batch_size_;
   torch::Device device_;
   bool pinned_;
+  int workers_;
   std::int64_t cursor_ = 0;
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable ready_changed_;
+  std::map<std::int64_t, Batch> ready_;  // gathered, not yet taken
+  std::int64_t claimed_ = 0, taken_ = 0;
+  bool stop_ = false;
+  std::exception_ptr failure_;  // a worker's exception, thrown by take()
 };
 //! [batches-loader]
 
@@ -172,8 +252,8 @@ bool Loader::next_into(Batch& batch) {
 }
 
 std::unique_ptr<Loader> make_batches_loader(const course::ImageSet& data, std::int64_t batch_size,
-                                            const torch::Device& device) {
-  return std::make_unique<BatchesLoader>(data, batch_size, device);
+                                            const torch::Device& device, int workers) {
+  return std::make_unique<BatchesLoader>(data, batch_size, device, workers);
 }
 
 std::unique_ptr<Loader> make_resident_loader(const course::ImageSet& data,
@@ -182,13 +262,88 @@ std::unique_ptr<Loader> make_resident_loader(const course::ImageSet& data,
 }
 
 std::unique_ptr<Loader> make_loader(const std::string& name, const course::ImageSet& data,
-                                    std::int64_t batch_size, const torch::Device& device) {
-  if (name == "batches") return make_batches_loader(data, batch_size, device);
+                                    std::int64_t batch_size, const torch::Device& device,
+                                    int workers) {
+  if (name == "batches") return make_batches_loader(data, batch_size, device, workers);
   if (name == "resident") return make_resident_loader(data, batch_size, device);
   throw course::UsageError("unknown loader '" + name + "'", "use batches or resident");
 }
 
-// ---- training ----------------------------------------------------------------------------------
+namespace {
+// An epoch's figures from the loss summed on the device: the one sync of the epoch.
+EpochStats epoch_stats(const torch::Tensor& loss_sum, std::int64_t seen,
+                       const course::Stopwatch& watch, const Loader& loader) {
+  EpochStats stats;
+  stats.mean_loss = loss_sum.item<double>() / static_cast<double>(seen);  // one sync per epoch
+  stats.seconds = watch.seconds();
+  stats.samples = seen;
+  stats.interrupted = seen < loader.size();
+  return stats;
+}
+
+// A progress line every 100 steps, for a terminal (\r rewrites it); cleared when `done`.
+void show_progress(bool progress, std::int64_t seen, std::int64_t batch, const Loader& loader,
+                   bool done = false) {
+  if (!progress) return;
+  if (done) {
+    std::printf("\r%40s\r", "");
+  } else if ((seen / batch) % 100 == 0) {
+    std::printf("\r  %6lld/%lld samples", static_cast<long long>(seen),
+                static_cast<long long>(loader.size()));
+  }
+  std::fflush(stdout);
+}
+}  // namespace
+
+// ---- the tutorial's loop ------------------------------------------------------------------------
+//! [textbook-trainer]
+TextbookTrainer make_textbook_trainer(const torch::Device& device, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  TextbookTrainer trainer;
+  // >>> lab: move the model to `device`, then build Adam (kLearningRate) over its parameters
+  trainer.model->to(device);  // model.to(device): every parameter moves, in place
+  trainer.optimizer = std::make_unique<torch::optim::Adam>(  // then the optimizer, over them
+      trainer.model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  // <<< lab
+  return trainer;
+}
+//! [textbook-trainer]
+
+//! [textbook-epoch]
+EpochStats train_epoch_textbook(TextbookTrainer& trainer, Loader& loader,
+                                const torch::Device& device, bool progress) {
+  Mlp& model = trainer.model;
+  torch::optim::Adam& optimizer = *trainer.optimizer;
+  model->train();  // model.train()
+  course::Stopwatch watch(device);
+  // Python's running_loss += loss.item() would wait for the GPU at every step: the sum of the
+  // losses stays on the device instead, and is read once, at the end of the epoch.
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+  std::int64_t seen = 0;
+  Batch batch;
+  loader.start_epoch();
+  while (loader.next(batch)) {  // for images, labels in loader: (each batch on the device)
+    // >>> lab: zero the gradients the last step left
+    optimizer.zero_grad();  // optimizer.zero_grad()
+    // <<< lab
+    const torch::Tensor loss =  // loss = F.cross_entropy(model(images), labels)
+        torch::nn::functional::cross_entropy(model->forward(batch.images), batch.labels);
+    // >>> lab: backpropagate the loss, then let the optimizer take its step
+    loss.backward();   // loss.backward()
+    optimizer.step();  // optimizer.step()
+    // <<< lab
+    const std::int64_t n = batch.labels.size(0);
+    loss_sum += loss.detach() * static_cast<double>(n);
+    seen += n;
+    if (course::stop_requested()) break;  // Ctrl-C: the step is whole; stop here (lesson 10)
+    show_progress(progress, seen, n, loader);
+  }
+  show_progress(progress, seen, 1, loader, /*done=*/true);
+  return epoch_stats(loss_sum, seen, watch, loader);
+}
+//! [textbook-epoch]
+
+// ---- going faster, all parameters in one flat tensor --------------------------------------------
 //! [flatten]
 FlatParameters flatten_parameters(torch::nn::Module& model) {
   std::vector<torch::Tensor> params = model.parameters();
@@ -217,26 +372,32 @@ FlatParameters flatten_parameters(torch::nn::Module& model) {
 Trainer make_trainer(const torch::Device& device, std::uint64_t seed) {
   torch::manual_seed(seed);
   Trainer trainer;
-  // >>> lab: move the model, flatten its parameters, then build Adam over trainer.flat.values
   trainer.model->to(device);                               // 1. the model moves once,
   trainer.flat = flatten_parameters(*trainer.model);       // 2. its parameters become one tensor,
   trainer.optimizer = std::make_unique<torch::optim::Adam>(  // 3. and the optimizer comes last
       std::vector<torch::Tensor>{trainer.flat.values}, torch::optim::AdamOptions(kLearningRate));
-  // <<< lab
   return trainer;
 }
 //! [make-trainer]
 
 namespace {
-// An epoch's figures from the loss summed on the device: the one sync of the epoch.
-EpochStats epoch_stats(const torch::Tensor& loss_sum, std::int64_t seen,
-                       const course::Stopwatch& watch, const Loader& loader) {
-  EpochStats stats;
-  stats.mean_loss = loss_sum.item<double>() / static_cast<double>(seen);  // one sync per epoch
-  stats.seconds = watch.seconds();
-  stats.samples = seen;
-  stats.interrupted = seen < loader.size();
-  return stats;
+// Every parameter's gradient must still be a view into the flat gradient tensor, where backward
+// adds it and Adam reads it. A zero_grad() on the parameters breaks that: LibTorch 2.x sets each
+// gradient to none, and backward then makes new ones that Adam never sees (1.13 refuses it with
+// "Can't detach views in-place").
+void check_flat(Trainer& trainer) {
+  const auto* begin = static_cast<const char*>(trainer.flat.gradients.data_ptr());
+  const auto* end = begin + trainer.flat.gradients.nbytes();
+  for (const auto& p : trainer.model->parameters()) {
+    const auto* grad = p.grad().defined() ? static_cast<const char*>(p.grad().data_ptr()) : nullptr;
+    if (grad == nullptr || grad < begin || grad >= end) {
+      throw course::CourseError(
+          "a parameter's gradient is no longer inside the flat gradient tensor, so Adam would "
+          "never see it: zero_grad() was called on the parameters of a flattened model",
+          "zero the flat gradients instead (trainer.flat.gradients.zero_()), or train the "
+          "textbook way: Adam over model->parameters() and optimizer.zero_grad(), no flattening");
+    }
+  }
 }
 }  // namespace
 
@@ -245,33 +406,25 @@ EpochStats train_epoch(Trainer& trainer, Loader& loader, const torch::Device& de
                        bool progress) {
   Mlp& model = trainer.model;
   model->train();
+  check_flat(trainer);
   course::Stopwatch watch(device);
-  // The running loss stays on the device: adding to it queues a kernel, reading it would wait.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
   std::int64_t seen = 0;
   Batch batch;
   loader.start_epoch();
   while (loader.next(batch)) {
-    // >>> lab: zero every gradient (they all live in trainer.flat.gradients)
-    trainer.flat.gradients.zero_();  // zero_grad() for all parameters in one kernel
-    // <<< lab
+    trainer.flat.gradients.zero_();  // zero_grad() for every parameter: one kernel
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(model->forward(batch.images), batch.labels);
-    // >>> lab: backpropagate the loss, then let the optimizer take its step
-    loss.backward();
-    trainer.optimizer->step();
-    // <<< lab
+    loss.backward();            // each gradient lands in trainer.flat.gradients
+    trainer.optimizer->step();  // Adam over one tensor: a handful of kernels in all
     const std::int64_t n = batch.labels.size(0);
     loss_sum += loss.detach() * static_cast<double>(n);
     seen += n;
     if (course::stop_requested()) break;  // Ctrl-C: the step is whole; stop here (lesson 10)
-    if (progress && (seen / n) % 100 == 0) {
-      std::printf("\r  %6lld/%lld samples", static_cast<long long>(seen),
-                  static_cast<long long>(loader.size()));
-      std::fflush(stdout);
-    }
+    show_progress(progress, seen, n, loader);
   }
-  if (progress) std::printf("\r%40s\r", "");
+  show_progress(progress, seen, 1, loader, /*done=*/true);
   return epoch_stats(loss_sum, seen, watch, loader);
 }
 //! [train-epoch]
@@ -460,37 +613,56 @@ course::ImageSet take(const course::ImageSet& data, std::int64_t n) {
   return {data.images.slice(0, 0, n), data.labels.slice(0, 0, n)};
 }
 
+const std::vector<std::string>& run_names() {
+  static const std::vector<std::string> names = {"textbook", "resident", "flat", "graphed"};
+  return names;
+}
+
 //! [run]
 RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageSet& test,
-                             const std::string& loader_name, int epochs, std::int64_t batch_size,
-                             const torch::Device& device, std::uint64_t seed, bool progress) {
-  Trainer trainer = make_trainer(device, seed);
-  const bool graphed = loader_name == "graphed";
-  auto loader = make_loader(graphed ? "resident" : loader_name, train, batch_size, device);
+                             const std::string& run, int epochs, std::int64_t batch_size,
+                             const torch::Device& device, std::uint64_t seed, bool progress,
+                             int workers) {
+  const auto& names = run_names();
+  if (std::find(names.begin(), names.end(), run) == names.end()) {
+    throw course::UsageError("unknown run '" + run + "'", "use textbook, resident, flat or graphed");
+  }
+  auto loader = make_loader(run == "textbook" ? "batches" : "resident", train, batch_size, device,
+                            workers);
+  // Each run builds what its step needs, from the same seed: the same initial model.
+  std::optional<TextbookTrainer> textbook;
+  std::optional<Trainer> flat;
   std::unique_ptr<DeviceAdam> adam;
   std::unique_ptr<GraphedStep> graph;
-  if (graphed) {  // the same model, with Adam's step count on the device, and one graph
-    adam = std::make_unique<DeviceAdam>(trainer.flat, kLearningRate);
-    graph = std::make_unique<GraphedStep>(trainer.model, trainer.flat, *adam, batch_size, device);
+  std::function<EpochStats()> epoch;
+  if (run == "textbook" || run == "resident") {
+    textbook.emplace(make_textbook_trainer(device, seed));
+    epoch = [&] { return train_epoch_textbook(*textbook, *loader, device, progress); };
+  } else if (run == "flat") {
+    flat.emplace(make_trainer(device, seed));
+    epoch = [&] { return train_epoch(*flat, *loader, device, progress); };
+  } else {  // the flat model, with Adam's step count on the device, and one graph
+    flat.emplace(make_trainer(device, seed));
+    adam = std::make_unique<DeviceAdam>(flat->flat, kLearningRate);
+    graph = std::make_unique<GraphedStep>(flat->model, flat->flat, *adam, batch_size, device);
+    epoch = [&] { return train_epoch_graphed(flat->model, flat->flat, *adam, *graph, *loader, device); };
   }
   course::StopOnInterrupt stop_on_ctrl_c;  // Ctrl-C ends the step under way, then the run
   RunResult result;
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    result.epochs.push_back(
-        graphed ? train_epoch_graphed(trainer.model, trainer.flat, *adam, *graph, *loader, device)
-                : train_epoch(trainer, *loader, device, progress));
+  for (int e = 0; e < epochs; ++e) {
+    result.epochs.push_back(epoch());
     const EpochStats& s = result.epochs.back();
     if (s.interrupted) {
-      throw course::Interrupted(loader_name + " loader, epoch " + std::to_string(epoch + 1) + " of " +
+      throw course::Interrupted(run + " run, epoch " + std::to_string(e + 1) + " of " +
                                 std::to_string(epochs) + ", after " + std::to_string(s.samples) +
                                 " of " + std::to_string(loader->size()) +
                                 " samples; nothing is saved (lesson 10 saves and resumes runs)");
     }
-    std::printf("  %-8s epoch %d/%d  loss %.4f  %6.3f s  %9.0f samples/s\n", loader_name.c_str(),
-                epoch + 1, epochs, s.mean_loss, s.seconds, s.samples_per_second());
+    std::printf("  %-8s epoch %d/%d  loss %.4f  %6.3f s  %9.0f samples/s\n", run.c_str(), e + 1,
+                epochs, s.mean_loss, s.seconds, s.samples_per_second());
     std::fflush(stdout);  // a line per epoch, also through a pipe (| tee)
   }
-  result.accuracy = evaluate(trainer.model, test, device);
+  result.accuracy = evaluate(textbook ? textbook->model : flat->model, test, device);
   return result;
 }
 //! [run]
@@ -499,42 +671,80 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
 
 // ---- main ----------------------------------------------------------------------------------------
 namespace {
+using namespace lesson05;
 
-// Median seconds per epoch: the first epoch also pays for warm-up (allocator, kernel choice).
-double median_epoch_seconds(const lesson05::RunResult& run) {
+// The epochs' times of a run, the first left out when there are others: it also pays for warm-up
+// (the allocator's first blocks, the first choice of kernels).
+course::Timing epoch_times(const RunResult& run) {
   std::vector<double> seconds;
-  for (const auto& e : run.epochs) seconds.push_back(e.seconds);
-  return course::median(seconds);
+  for (size_t e = run.epochs.size() > 1 ? 1 : 0; e < run.epochs.size(); ++e) {
+    seconds.push_back(run.epochs[e].seconds);
+  }
+  course::Timing timing;
+  timing.runs = static_cast<int>(seconds.size());
+  timing.median_s = course::median(seconds);
+  timing.min_s = *std::min_element(seconds.begin(), seconds.end());
+  timing.max_s = *std::max_element(seconds.begin(), seconds.end());
+  return timing;
+}
+
+// ATen operators one step of each kind dispatches, on one batch of `data`.
+std::pair<std::int64_t, std::int64_t> operators_per_step(const course::ImageSet& data,
+                                                         std::int64_t batch,
+                                                         const torch::Device& device) {
+  const torch::Tensor x = data.images.slice(0, 0, batch).reshape({-1, 28 * 28}).to(device);
+  const torch::Tensor y = data.labels.slice(0, 0, batch).to(device);
+  TextbookTrainer textbook = make_textbook_trainer(device, kSeed);
+  Trainer flat = make_trainer(device, kSeed);
+  const auto loss = [&](Mlp& model) { return torch::nn::functional::cross_entropy(model->forward(x), y); };
+  const std::int64_t textbook_ops = course::count_operators([&] {
+    textbook.optimizer->zero_grad();
+    loss(textbook.model).backward();
+    textbook.optimizer->step();
+  });
+  const std::int64_t flat_ops = course::count_operators([&] {
+    flat.flat.gradients.zero_();
+    loss(flat.model).backward();
+    flat.optimizer->step();
+  });
+  return {textbook_ops, flat_ops};
+}
+
+std::string fmt(const char* format, double a, double b = 0, double c = 0) {
+  char text[160];
+  std::snprintf(text, sizeof text, format, a, b, c);
+  return text;
 }
 
 }  // namespace
 
 int lesson_main(int argc, char** argv) {
-  using namespace lesson05;
   course::CommonOptions options;
   options.seed = kSeed;
   int epochs = 0;  // 0: kEpochs, or kQuickEpochs with --quick
   int batch_size = static_cast<int>(kBatchSize);
-  std::string loader = "all";
+  int workers = 0;
+  std::string only = "all";
   course::Cli cli("lesson05_training_loop",
-                  "Lesson 05: a GPU-aware training loop on Fashion-MNIST, two data loaders and "
+                  "Lesson 05: a GPU-aware training loop on Fashion-MNIST: the tutorial's loop, "
+                  "the data resident on the device, one flat tensor for all parameters, and "
                   "(CUDA) the whole step in a CUDA graph.",
                   options);
   cli.add_data_dir();
   cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);
-  cli.add_option("--loader", loader,
-                 "which loader to train with (graphed: the resident one feeding a CUDA graph)",
-                 {"all", "batches", "resident", "graphed"});
+  cli.add_option("--run", only, "which run to train (all: each in turn)",
+                 {"all", "textbook", "resident", "flat", "graphed"});
+  cli.add_option("--workers", workers,
+                 "threads gathering the textbook run's next batches (DataLoader's num_workers)", 0,
+                 kMaxWorkers);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
-  if (loader == "graphed" && !device.is_cuda()) {
-    verdict.waive("--loader graphed captures the step in a CUDA graph, and this run is on " +
-                  device.str());
+  if (only == "graphed" && !device.is_cuda()) {
+    verdict.waive("--run graphed captures the step in a CUDA graph, and this run is on " + device.str());
     return verdict.finish("lesson 05 on " + device.str());
   }
-
   const auto folder = course::find_fashion_mnist(options.data_dir);
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
   const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
@@ -548,58 +758,75 @@ int lesson_main(int argc, char** argv) {
             << " test images; MLP 784-128-64-10, Adam lr " << kLearningRate << ", batch "
             << batch_size << ", " << epochs << " epoch(s)\n";
 
-  const bool progress = isatty(STDOUT_FILENO) != 0;
-  std::vector<std::string> loaders = {loader};
-  if (loader == "all") {
-    loaders = {"batches", "resident"};
-    if (device.is_cuda()) loaders.push_back("graphed");
+  std::vector<std::string> runs = {only};
+  if (only == "all") runs = {"textbook", "resident", "flat", "graphed"};
+  if (only == "all" && !device.is_cuda()) {
+    runs.pop_back();
+    std::cout << "(graphed: skipped: needs CUDA, the whole step captured in a CUDA graph)\n";
   }
-  std::map<std::string, RunResult> runs;
-  for (const auto& name : loaders) {
-    runs[name] = train_and_evaluate(train, test, name, epochs, batch_size, device, options.seed,
-                                    progress);
-  }
-  if (loader == "all" && !device.is_cuda()) {
-    std::cout << "  graphed  (skipped: needs CUDA) the whole step captured in a CUDA graph\n";
+  std::map<std::string, RunResult> results;
+  for (const auto& run : runs) {
+    results[run] = train_and_evaluate(train, test, run, epochs, batch_size, device, options.seed,
+                                      isatty(STDOUT_FILENO) != 0, workers);
   }
 
-  std::cout << "\nloader     s/epoch (median)   samples/s   test accuracy\n";
-  for (const auto& name : loaders) {
-    const double s = median_epoch_seconds(runs[name]);
-    std::printf("%-10s %10.3f %16.0f %12.4f\n", name.c_str(), s,
-                static_cast<double>(train.labels.size(0)) / s, runs[name].accuracy);
+  std::cout << "\nrun        s/epoch: median (fastest-slowest)   samples/s   test accuracy\n";
+  bool busy = false;
+  for (const auto& run : runs) {
+    const course::Timing t = epoch_times(results[run]);
+    busy = busy || course::looks_busy(t);
+    std::printf("%-10s %-32s %12.0f %12.4f\n", run.c_str(), course::describe(t, "s").c_str(),
+                static_cast<double>(train.labels.size(0)) / t.median_s, results[run].accuracy);
+  }
+  if (busy) {
+    std::printf("note: a run's epochs took from one time to more than %.1f times it: this machine "
+                "was busy, and such figures do not repeat (close other programs, or try "
+                "--threads 1)\n", course::kBusyRatio);
   }
   const auto speed_up = [&](const std::string& fast, const std::string& slow) {
-    if (runs.count(fast) && runs.count(slow)) {
-      std::printf("%s is %.2fx the speed of %s on %s\n", fast.c_str(),
-                  median_epoch_seconds(runs[slow]) / median_epoch_seconds(runs[fast]), slow.c_str(),
-                  device.str().c_str());
-    }
+    if (results.count(fast) == 0 || results.count(slow) == 0) return;
+    std::printf("%s is %.2fx the speed of %s on %s\n", fast.c_str(),
+                epoch_times(results[slow]).median_s / epoch_times(results[fast]).median_s,
+                slow.c_str(), device.str().c_str());
   };
-  speed_up("resident", "batches");
-  speed_up("graphed", "resident");
-  if (device.is_cpu() && runs.count("batches") && runs.count("resident")) {
+  speed_up("resident", "textbook");
+  speed_up("flat", "resident");
+  speed_up("graphed", "flat");
+  if (results.count("flat") != 0) {
+    const auto [textbook_ops, flat_ops] = operators_per_step(train, batch_size, device);
+    std::printf("ATen operators per step: %lld with Adam over the 6 parameter tensors, %lld with "
+                "one flat tensor\n", static_cast<long long>(textbook_ops),
+                static_cast<long long>(flat_ops));
+  }
+
+  if (device.is_cpu() && results.count("textbook") != 0 && results.count("resident") != 0) {
     // Same seed, same permutations, same batches: the two loaders must agree exactly.
-    const double a = runs["batches"].epochs.back().mean_loss;
-    const double b = runs["resident"].epochs.back().mean_loss;
+    const double a = results["textbook"].epochs.back().mean_loss;
+    const double b = results["resident"].epochs.back().mean_loss;
     verdict.check(a == b, "on the CPU both loaders give the same batches, hence the same loss",
                   "last-epoch loss " + std::to_string(a) + " vs " + std::to_string(b));
   }
-  if (runs.count("graphed")) {
+  if (results.count("flat") != 0 && results.count("resident") != 0) {
+    // The same model, data and batches; only the optimizer's bookkeeping differs.
+    double diff = 0;
+    for (size_t e = 0; e < results["flat"].epochs.size(); ++e) {
+      const double a = results["flat"].epochs[e].mean_loss, b = results["resident"].epochs[e].mean_loss;
+      diff = std::max(diff, std::abs(a - b) / b);
+    }
+    verdict.check(diff <= kFlatTolerance, "the flat step trains as the tutorial's loop does",
+                  fmt("epoch losses within %.2e (tolerance %.0e)", diff, kFlatTolerance));
+  }
+  if (results.count("graphed") != 0) {
     // A graph replays every host number as it was at capture: a step count kept on the host
     // would replay step 4's bias corrections at every step. Same batches, eager and graphed:
     const double diff = graphed_vs_eager(train, batch_size, device, options.seed, kGraphCheckSteps);
-    char evidence[96];
-    std::snprintf(evidence, sizeof evidence, "largest relative difference %.2e over %d steps (tolerance %.0e)",
-                  diff, kGraphCheckSteps, kGraphTolerance);
     verdict.check(diff <= kGraphTolerance, "the graphed step's losses equal the eager step's",
-                  evidence);
+                  fmt("largest relative difference %.2e over %.0f steps (tolerance %.0e)", diff,
+                      kGraphCheckSteps, kGraphTolerance));
   }
-  for (const auto& name : loaders) {
-    char evidence[64];
-    std::snprintf(evidence, sizeof evidence, "%.4f vs bar %.2f", runs[name].accuracy, bar);
-    verdict.check(runs[name].accuracy >= bar, name + " loader: test accuracy reaches the bar",
-                  evidence);
+  for (const auto& run : runs) {
+    verdict.check(results[run].accuracy >= bar, run + " run: test accuracy reaches the bar",
+                  fmt("%.4f vs bar %.2f", results[run].accuracy, bar));
   }
   return verdict.finish("lesson 05 on " + device.str());
 }

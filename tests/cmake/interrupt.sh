@@ -10,7 +10,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { cat "$dir/out"; echo "interrupt.sh $case: $*" >&2; exit 1; }
 case $case in
-  lesson05) set -- --device cpu --quick --loader batches --epochs 100 ;;
+  lesson05) set -- --device cpu --quick --run textbook --epochs 100 ;;
   lesson10) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100 ;;
   *) echo "unknown case $case" >&2; exit 1 ;;
 esac
