@@ -18,6 +18,29 @@ std::string error_message(const std::exception& error) {
   return newline == std::string::npos ? text : text.substr(0, newline);
 }
 
+std::string hint_for(const std::string& message) {
+  const auto has = [&](const char* text) { return message.find(text) != std::string::npos; };
+  if (has("is not done: ")) {  // the throw a lab's TODO stands in for (scripts/make-labs)
+    return "a lab TODO is still to do: write what its comment asks for, then grade the lab "
+           "(scripts/grade-lab NN)";
+  }
+  if (has("Expected all tensors to be on the same device") || has("is not on the expected device") ||
+      has("to have the same device as")) {
+    return "two tensors in one operation are on different devices: a batch left on the CPU "
+           "(move it with .to(device), where the model is), or an optimizer built before "
+           "model->to(device) (build it after the move); lesson 04 shows this error and its fix";
+  }
+  if (has("Can't detach views in-place")) {
+    return "zero_grad() was called on parameters whose gradients are views into one flat tensor "
+           "(lesson 05's flat step): zero the flat gradient tensor instead, or do not flatten";
+  }
+  if (has("out of memory")) {
+    return "the device ran out of memory: a smaller --batch-size, or see lesson 07 (what "
+           "the allocator holds, and how a run survives running out)";
+  }
+  return "this is a bug in the lesson or in LibTorch; please report it with the full output above";
+}
+
 void print_error(const std::string& message, const std::string& hint) {
   std::cout.flush();
   std::cerr << "error: " << message << "\n";
@@ -60,9 +83,9 @@ int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv) {
     print_error(error.what(), error.hint());
     return kExitUsage;
   } catch (const std::exception& error) {
-    print_error(error_message(error), "this is a bug in the lesson or in LibTorch; please report "
-                                      "it with the full output above");
-    std::cout << "RESULT: FAIL unexpected error" << std::endl;
+    const std::string message = error_message(error);
+    print_error(message, hint_for(message));
+    std::cout << "RESULT: FAIL stopped by the error above" << std::endl;
     return kExitFail;
   }
 }

@@ -34,6 +34,11 @@ class UsageError : public CourseError {
 /// The first line of an exception's message, without LibTorch's C++ backtrace.
 std::string error_message(const std::exception& error);
 
+/// The HINT for an error that is not a CourseError, from its message: the mistakes a learner
+/// makes (a lab TODO still to do, tensors on two devices, an optimizer or a model changed under
+/// the other, memory run out) get a HINT that names them; anything else is reported as a bug.
+std::string hint_for(const std::string& message);
+
 /// Prints "error: <message>" and "HINT: <hint>" to stderr.
 void print_error(const std::string& message, const std::string& hint);
 
@@ -57,7 +62,7 @@ class Verdict {
 
 /// Runs a lesson's main: errors that teach (CourseError) exit 2 with their HINT; a loop stopped
 /// by Ctrl-C (Interrupted, common/interrupt.h) prints what it did and exits 130; any other error
-/// prints its message without the backtrace and ends with RESULT: FAIL.
+/// prints its message without the backtrace, with hint_for()'s HINT, and ends with RESULT: FAIL.
 int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv);
 
 }  // namespace course

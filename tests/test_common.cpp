@@ -433,6 +433,31 @@ TEST(Timing, MedianIsBetweenMinAndMax) {
   EXPECT_GT(t.min_s, 0.0);
 }
 
+// Tests the count of operators: each torch::add dispatches (at least) one operator, twice the
+// work counts twice, and nothing is counted once the call is over.
+TEST(Timing, CountOperatorsCountsEachDispatch) {
+  const torch::Tensor a = torch::ones({8}), b = torch::ones({8});
+  const std::int64_t one = course::count_operators([&] { (void)torch::add(a, b); });
+  EXPECT_GE(one, 1);
+  EXPECT_EQ(course::count_operators([&] { (void)torch::add(a, b); (void)torch::add(a, b); }), 2 * one);
+  EXPECT_EQ(course::count_operators([] {}), 0);
+}
+
+// Tests the spread's wording and the busy-machine rule (slowest over 1.5 times the fastest).
+TEST(Timing, DescribeAndBusy) {
+  course::Timing t;
+  t.runs = 4;
+  t.median_s = 0.412;
+  t.min_s = 0.391;
+  t.max_s = 0.52;
+  EXPECT_EQ(course::describe(t, "s"), "0.412 s (0.391-0.520, 4 runs)");
+  EXPECT_FALSE(course::looks_busy(t));
+  t.max_s = 0.6;
+  EXPECT_TRUE(course::looks_busy(t));
+  t.runs = 1;  // one run has no spread to judge
+  EXPECT_FALSE(course::looks_busy(t));
+}
+
 // Tests that the regression data is seeded and that least squares recovers its weights.
 TEST(Regression, SeededAndRecoverable) {
   const auto a = course::make_regression(2000, 8, 0.01, 7);
@@ -480,4 +505,48 @@ TEST(StopOnInterrupt, RunLessonExits130) {
   const std::string out = testing::internal::GetCapturedStdout();
   EXPECT_EQ(code, course::kExitInterrupted);
   EXPECT_NE(out.find("stopped (Ctrl-C): epoch 2 abandoned"), std::string::npos) << out;
+}
+
+// Tests the HINTs for a learner's mistakes, with the errors LibTorch really raises where the CPU
+// can raise them: tensors on two devices (the meta device stands in for a GPU), and a view
+// detached in place. Anything else is still reported as a bug.
+TEST(Hints, NameTheLearnersMistake) {
+  std::string mismatch;
+  try {
+    (void)torch::add(torch::ones({2, 2}), torch::ones({2, 2}, torch::Device(torch::kMeta)));
+  } catch (const std::exception& e) {
+    mismatch = course::error_message(e);
+  }
+  ASSERT_FALSE(mismatch.empty()) << "LibTorch added a CPU tensor to a meta one";
+  EXPECT_NE(course::hint_for(mismatch).find("different devices"), std::string::npos) << mismatch;
+  std::string views;
+  try {
+    const torch::Tensor base = torch::ones({4}, torch::requires_grad());
+    torch::Tensor view = base.slice(0, 0, 2);
+    view.detach_();
+  } catch (const std::exception& e) {
+    views = course::error_message(e);
+  }
+  if (views.empty()) views = "Can't detach views in-place. Use detach() instead.";  // 2.x allows it
+  EXPECT_NE(course::hint_for(views).find("flat"), std::string::npos) << views;
+  EXPECT_NE(course::hint_for("lab 05.2 is not done: move the model").find("grade-lab"),
+            std::string::npos);
+  EXPECT_NE(course::hint_for("CUDA out of memory. Tried to allocate 2.00 GiB").find("lesson 07"),
+            std::string::npos);
+  EXPECT_NE(course::hint_for("std::bad_function_call").find("bug"), std::string::npos);
+}
+
+// Tests that run_lesson() prints a lab TODO's throw with its HINT and ends with RESULT: FAIL.
+TEST(Hints, RunLessonNamesALabTodo) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int code = course::run_lesson(
+      [](int, char**) -> int { throw std::logic_error("lab 02.1 is not done: move every parameter"); },
+      0, nullptr);
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, course::kExitFail);
+  EXPECT_NE(err.find("error: lab 02.1 is not done"), std::string::npos) << err;
+  EXPECT_NE(err.find("HINT: a lab TODO is still to do"), std::string::npos) << err;
+  EXPECT_NE(out.find("RESULT: FAIL"), std::string::npos) << out;
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda_test.h"
+#include "move_asked.h"
 #include "moving_model.h"
 
 namespace {
@@ -43,6 +44,24 @@ TEST(Optimizer, BuiltAfterMoveHoldsModelTensors) {
   const torch::Tensor before = model->fc1->weight.clone();
   EXPECT_TRUE(std::isfinite(lesson02::train_step(model, optimizer, torch::kCPU)));
   EXPECT_FALSE(torch::equal(before, model->fc1->weight));  // the step changed the weights
+}
+
+// Tests that move_model asks for the move, where a CPU-only machine can tell (move_asked.h).
+TEST(MoveModel, AsksForTheMove) {
+  expect_move_asked([](const c10::Device& device) {
+    lesson02::Net model;
+    lesson02::move_model(model, device);
+  }, "move_model");
+}
+
+// Tests what the lesson says of new tensors: on the CPU unless a device is named (the meta device
+// stands in for a GPU: a plain tensor can go there).
+TEST(NewTensors, OnTheCpuUnlessTheDeviceIsNamed) {
+  const torch::Device meta(torch::kMeta);
+  const lesson02::NewTensors where = lesson02::where_new_tensors_go(meta);
+  EXPECT_EQ(where.plain, torch::Device(torch::kCPU));
+  EXPECT_EQ(where.told, meta);
+  EXPECT_EQ(where.moved, meta);
 }
 
 // Tests that to(kFloat64) converts every parameter.

@@ -7,12 +7,15 @@
 //     device memory, so references you took before the move see the new device;
 //   - build the optimizer after the move: an optimizer's state (Adam's moments) is created on
 //     the device of the parameters when it first steps, and does not follow a later move;
+//   - Python's model.cuda() is model->to(torch::kCUDA) (a tensor has .cuda(), a module does not),
+//     and there is no torch.set_default_device: a new tensor is on the CPU unless told;
 //   - model->to(dtype) converts the state too.
 //
 // Run:    build/bin/lesson02_moving_model [--device auto|cpu|cuda|cuda:N]
 // Checks: every parameter and buffer ends on the device, the objects are the same ones, the
 //         optimizer holds the moved tensors, outputs on the device match the CPU within
-//         kOutputTolerance, and to(kFloat64) converts every parameter.
+//         kOutputTolerance, a new tensor is on the CPU unless its device is named (on CUDA, also
+//         .cuda() and to(kCUDA)), and to(kFloat64) converts every parameter.
 //         Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include "moving_model.h"
 
@@ -67,6 +70,19 @@ MoveReport move_model(Net& model, const torch::Device& device) {
   return report;
 }
 //! [move]
+
+//! [new-tensors]
+NewTensors where_new_tensors_go(const torch::Device& device) {
+  // Python's torch.set_default_device("cuda") has no C++ counterpart in LibTorch (1.13 or 2.11):
+  // the C++ headers have c10::set_default_dtype, for the dtype, and nothing for the device. So
+  // name the device where a tensor is made, or make it and move it.
+  NewTensors where;
+  where.plain = torch::zeros({2}).device();              // torch.zeros(2): on the CPU
+  where.told = torch::zeros({2}, device).device();       // torch.zeros(2, device=device)
+  where.moved = torch::zeros({2}).to(device).device();   // torch.zeros(2).to(device)
+  return where;
+}
+//! [new-tensors]
 
 //! [optimizer]
 torch::optim::Adam make_optimizer(Net& model) {
@@ -178,6 +194,23 @@ int lesson_main(int argc, char** argv) {
     }
   } else {
     std::cout << "  optimizer built before a CPU->GPU move (skipped: needs CUDA)\n";
+  }
+
+  const NewTensors where = where_new_tensors_go(device);
+  std::cout << "New tensors: torch::zeros({2}) on " << where.plain << ", torch::zeros({2}, device) on "
+            << where.told << ", torch::zeros({2}).to(device) on " << where.moved << "\n";
+  verdict.check(where.plain.is_cpu() && where.told == device && where.moved == device,
+                "a new tensor is on the CPU unless its device is named (no default device)");
+  if (device.is_cuda()) {
+    //! [cuda]
+    // Python's x.cuda() and model.cuda(): a tensor has .cuda() in C++ too; a module does not,
+    // and model->to(torch::kCUDA) does the same (to the current GPU, cuda:0 unless changed).
+    const torch::Tensor on_gpu = torch::ones({2}).cuda();
+    Net other;
+    other->to(torch::kCUDA);
+    //! [cuda]
+    verdict.check(on_gpu.is_cuda() && other->fc1->weight.is_cuda(),
+                  "x.cuda() and model->to(torch::kCUDA) put the tensor and the model on the GPU");
   }
 
   //! [dtype]

@@ -63,6 +63,16 @@ torch::optim::Adam make_optimizer(Net& model);
 bool optimizer_matches_model(torch::optim::Optimizer& optimizer, Net& model,
                              const torch::Device& device);
 
+/// Where new tensors go. Python's torch.set_default_device(device) makes every factory call
+/// (torch.zeros, torch.randn, ...) create on `device`; LibTorch has no such switch, so a new
+/// tensor is on the CPU unless its options name a device.
+struct NewTensors {
+  torch::Device plain{torch::kCPU};  ///< torch::zeros({2}): no device named
+  torch::Device told{torch::kCPU};   ///< torch::zeros({2}, device): the device named
+  torch::Device moved{torch::kCPU};  ///< torch::zeros({2}).to(device): made, then moved
+};
+NewTensors where_new_tensors_go(const torch::Device& device);
+
 /// One training step on `device` (random batch made on the CPU and moved); returns the loss.
 double train_step(Net& model, torch::optim::Optimizer& optimizer, const torch::Device& device);
 

@@ -1,7 +1,9 @@
 #!/bin/sh
 # labs_graded.sh ROOT LAB_BUILD_DIR FLAVOUR: for every lab in ROOT/labs, the untouched starter
 # builds and fails scripts/grade-lab (exit 1: built, some check failed), and the lesson's own folder
-# passes it (exit 0). So the grader can neither pass an empty answer nor fail a right one.
+# passes it (exit 0). So the grader can neither pass an empty answer nor fail a right one. And lab
+# 05 done but for its moves (the model and the batches stay on the host) fails, saying so: on a
+# CPU-only machine, where such a submission still trains.
 set -u
 root=$1
 export LAB_BUILD_DIR=$2 GPU_LESSONS_TORCH=$3
@@ -18,4 +20,18 @@ for lab in "$root"/labs/[0-9][0-9]_*/; do
   if [ "$starter" -ne 1 ]; then cat "$LAB_BUILD_DIR.$nn.starter.log"; status=1; fi
   if [ "$lesson" -ne 0 ]; then cat "$LAB_BUILD_DIR.$nn.lesson.log"; status=1; fi
 done
+nomove=$LAB_BUILD_DIR.05-moves-nothing
+rm -rf "$nomove"
+cp -r "$root/lessons/05_training_loop" "$nomove"
+sed -i -e 's|^\( *\)trainer\.model->to(device);.*|\1(void)device;|' \
+       -e 's|host\.\(images\|labels\)\.to(device_, /\*non_blocking=\*/pinned_)|host.\1|' \
+       "$nomove/training_loop.cpp"
+"$root/scripts/grade-lab" 05 "$nomove" >"$nomove.log" 2>&1
+code=$?
+echo "lab 05 moving nothing: exit $code (want 1): $(tail -1 "$nomove.log")"
+if [ "$code" -ne 1 ] || ! grep -q "moved nothing to the device" "$nomove.log" ||
+   ! grep -q "stayed on the host" "$nomove.log"; then
+  cat "$nomove.log"
+  status=1
+fi
 exit $status
