@@ -23,9 +23,15 @@ done
 nomove=$LAB_BUILD_DIR.05-moves-nothing
 rm -rf "$nomove"
 cp -r "$root/lessons/05_training_loop" "$nomove"
-sed -i -e 's|^\( *\)trainer\.model->to(device);.*|\1(void)device;|' \
-       -e 's|host\.\(images\|labels\)\.to(device_, /\*non_blocking=\*/pinned_)|host.\1|' \
+sed -i -e 's#^\( *\)trainer\.model->to(device);.*#\1(void)device;#' \
+       -e 's#host\.\(images\|labels\)\.to(device_, /\*non_blocking=\*/pinned_)#host.\1#' \
        "$nomove/training_loop.cpp"
+changed=$(diff "$root/lessons/05_training_loop/training_loop.cpp" "$nomove/training_loop.cpp" |
+          grep -c '^>')
+if [ "$changed" -ne 4 ]; then  # two model moves, two batch copies: the lesson's lines changed
+  echo "lab 05 moving nothing: the edit changed $changed lines, not 4: update the sed above"
+  exit 1
+fi
 "$root/scripts/grade-lab" 05 "$nomove" >"$nomove.log" 2>&1
 code=$?
 echo "lab 05 moving nothing: exit $code (want 1): $(tail -1 "$nomove.log")"
