@@ -9,7 +9,6 @@
 #include <torch/torch.h>
 
 #include "bench.h"
-#include "common/autocast.h"
 #include "mixed_precision.h"
 
 namespace {
@@ -27,7 +26,7 @@ void matmul(benchmark::State& state, const c10::Device& device) {
   const torch::Tensor b = torch::randn({n, n}, on);
   const torch::ScalarType low = lesson08::precision_dtype(kPrecisions[state.range(0)]);
   bench::run_timed(state, device, [&] {
-    std::optional<course::AutocastGuard> autocast;
+    std::optional<lesson08::Autocast> autocast;
     if (state.range(0) != 0) autocast.emplace(device.type(), low);
     torch::mm(a, b);  // under autocast: casts a and b, multiplies in 16 bits
   });
@@ -71,21 +70,7 @@ void mixed_step(benchmark::State& state, const c10::Device& device) {
   const torch::Tensor x = torch::rand({batch, 784}, on);
   const torch::Tensor y = torch::randint(10, {batch}, on.dtype(torch::kLong));
   bench::run_timed(state, device, [&] {
-    adam.zero_grad();
-    torch::Tensor loss;
-    {
-      std::optional<course::AutocastGuard> autocast;
-      if (precision != "fp32") autocast.emplace(device.type(), lesson08::precision_dtype(precision));
-      loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-    }
-    if (precision == "fp16") {
-      scaler.scale(loss).backward();
-      scaler.step(adam);
-      scaler.update();
-    } else {
-      loss.backward();
-      adam.step();
-    }
+    lesson08::train_step(model, adam, scaler, precision, x, y);
   });
   state.SetItemsProcessed(state.iterations() * batch);
 }

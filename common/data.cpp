@@ -1,4 +1,4 @@
-// data.cpp: IDX reader on zlib, Fashion-MNIST lookup and loading, synthetic regression data.
+// data.cpp: IDX reader on zlib, Fashion-MNIST lookup and loading.
 #include "common/data.h"
 
 #include <zlib.h>
@@ -8,8 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include <ATen/ATen.h>              // defines: at::empty, at::randn
-#include <ATen/CPUGeneratorImpl.h>  // defines: at::detail::createCPUGenerator
+#include <ATen/ATen.h>  // defines: at::empty
 
 namespace course {
 namespace {
@@ -165,17 +164,6 @@ const char* fashion_mnist_class(std::int64_t label) {
       "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
       "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
   return label >= 0 && label < 10 ? kNames[static_cast<size_t>(label)] : "?";
-}
-
-Regression make_regression(std::int64_t n, std::int64_t features, double noise,
-                           std::uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  Regression data;
-  data.x = at::randn({n, features}, gen, at::kFloat);
-  data.weight = at::randn({features, 1}, gen, at::kFloat);
-  data.bias = 0.5;
-  data.y = at::matmul(data.x, data.weight) + data.bias + noise * at::randn({n, 1}, gen, at::kFloat);
-  return data;
 }
 
 }  // namespace course

@@ -1,6 +1,6 @@
 // data.h defines: Fashion-MNIST read straight from its gzipped IDX files (zlib, no unpacked
 // copies), the data folder lookup (flag, then $GPU_LESSONS_DATA_DIR, then the Debian package),
-// the errors that name the fix, and synthetic regression data.
+// and the errors that name the fix.
 #pragma once
 
 #include <cstdint>
@@ -41,15 +41,5 @@ ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train);
 
 /// The ten Fashion-MNIST class names, by label.
 const char* fashion_mnist_class(std::int64_t label);
-
-/// y = x·w + b + noise: a regression problem whose true weights are known.
-struct Regression {
-  at::Tensor x;       ///< float32 [n, features]
-  at::Tensor y;       ///< float32 [n, 1]
-  at::Tensor weight;  ///< float32 [features, 1], the true weights
-  double bias = 0;
-};
-Regression make_regression(std::int64_t n, std::int64_t features, double noise,
-                           std::uint64_t seed);
 
 }  // namespace course

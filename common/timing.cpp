@@ -56,8 +56,25 @@ std::string describe(const Timing& timing, const char* unit) {
   return text;
 }
 
+std::string describe_ms(const Timing& timing) {
+  Timing ms = timing;
+  ms.median_s *= 1e3;
+  ms.min_s *= 1e3;
+  ms.max_s *= 1e3;
+  return describe(ms, "ms");
+}
+
 bool looks_busy(const Timing& timing) {
   return timing.runs > 1 && timing.min_s > 0 && timing.max_s > kBusyRatio * timing.min_s;
+}
+
+std::string busy_note() {
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "note: some runs took more than %.1f times the fastest: this machine was busy, and "
+                "such figures do not repeat (close other programs, or try --threads 1)",
+                kBusyRatio);
+  return text;
 }
 
 std::int64_t count_operators(const std::function<void()>& work) {

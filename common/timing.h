@@ -48,9 +48,14 @@ std::int64_t count_operators(const std::function<void()>& work);
 
 /// "0.412 s (0.391-0.520, 4 runs)": the median, then the fastest and the slowest run.
 std::string describe(const Timing& timing, const char* unit = "s");
+/// The same in milliseconds: "412.000 ms (391.000-520.000, 4 runs)".
+std::string describe_ms(const Timing& timing);
 /// True when the slowest run took more than kBusyRatio times the fastest: the machine was busy,
 /// and figures taken on it do not repeat.
 constexpr double kBusyRatio = 1.5;
 bool looks_busy(const Timing& timing);
+/// What a lesson prints under a table in which some timing looks_busy(): what happened and how
+/// to get figures that repeat.
+std::string busy_note();
 
 }  // namespace course

@@ -25,6 +25,27 @@ TEST(Seeds, CreateOnCpuThenMoveMatches) {
   EXPECT_TRUE(lesson03::same_seed_same_numbers(torch::kCPU, lesson03::kSeed));
 }
 
+// Tests what the page says of the three ways to a sum of squares: the same result. The input's
+// sum is known: 1² + 2² + ... + n² = n(n+1)(2n+1)/6.
+TEST(ThreeWays, SameSumOnCpu) {
+  const torch::Tensor x = torch::arange(1, 1001, torch::kFloat);
+  const double expected = 1000.0 * 1001.0 * 2001.0 / 6.0;
+  EXPECT_EQ(lesson03::sum_of_squares_item_loop(x), expected);
+  EXPECT_EQ(lesson03::sum_of_squares_accessor_loop(x), expected);
+  EXPECT_EQ(lesson03::sum_of_squares_vectorized(x), expected);
+  const torch::Tensor r = torch::rand({5000});
+  EXPECT_NEAR(lesson03::sum_of_squares_item_loop(r), lesson03::sum_of_squares_vectorized(r),
+              1e-9 * lesson03::sum_of_squares_vectorized(r));
+  EXPECT_EQ(lesson03::sum_of_squares_item_loop(r), lesson03::sum_of_squares_accessor_loop(r));
+}
+
+// Tests that the accessor loop takes a non-contiguous tensor (it copies to contiguous first).
+TEST(ThreeWays, AccessorLoopOnAStridedView) {
+  const torch::Tensor x = torch::arange(1, 21, torch::kFloat).reshape({10, 2}).select(1, 0);
+  ASSERT_FALSE(x.is_contiguous());
+  EXPECT_EQ(lesson03::sum_of_squares_accessor_loop(x), lesson03::sum_of_squares_vectorized(x));
+}
+
 // Tests the GPU facts: a copy to new memory, different generators, pinned non_blocking copies.
 TEST_F(CudaTest, GpuFacts) {
   EXPECT_TRUE(lesson03::to_same_device(device).same_tensor);
@@ -36,4 +57,8 @@ TEST_F(CudaTest, GpuFacts) {
   EXPECT_TRUE(lesson03::create_on_cpu_then_move_matches(device, lesson03::kSeed));
   EXPECT_TRUE(lesson03::pinned_non_blocking_copy_matches(device));
   EXPECT_GT(lesson03::copy_bandwidth(device, lesson03::kCopyBytesQuick, /*pinned=*/true), 0.0);
+  const torch::Tensor x = torch::rand({1000}).to(device);
+  const double vectorized = lesson03::sum_of_squares_vectorized(x);
+  EXPECT_NEAR(lesson03::sum_of_squares_item_loop(x), vectorized, 1e-9 * vectorized);
+  EXPECT_NEAR(lesson03::sum_of_squares_accessor_loop(x), vectorized, 1e-9 * vectorized);
 }

@@ -1,7 +1,10 @@
 // Tests of lesson 07: step memory against batch size, freeing and emptying, the OOM loop.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "common/memory.h"
+#include "common/nvml.h"
 #include "cuda_test.h"
 #include "memory_management.h"
 
@@ -97,4 +100,27 @@ TEST_F(CudaTest, MemoryFactsOnGpu) {
   ASSERT_GE(attempts.size(), 2u);
   EXPECT_FALSE(attempts.front().fit);
   EXPECT_TRUE(attempts.back().fit);
+}
+
+// Tests the lesson's nvidia-smi part on a GPU: NVML (the driver's library) is found, and lists this
+// process with at least the memory its allocator has reserved (nvidia-smi adds the CUDA context).
+TEST_F(CudaTest, NvidiaSmiListsThisProcess) {
+  const torch::Tensor held = torch::empty({64 << 20}, torch::TensorOptions().device(device));
+  torch::cuda::synchronize(device.index());
+  const std::int64_t reserved = lesson07::read_memory(device).reserved;
+  const course::SmiView smi = course::smi_view(device);
+  ASSERT_TRUE(smi.available) << smi.why_not;
+  EXPECT_GT(smi.total, 0);
+  EXPECT_GE(smi.used, reserved);
+  const course::GpuProcess* self = nullptr;
+  for (const auto& p : smi.processes) {
+    if (p.pid == static_cast<unsigned>(getpid())) self = &p;
+  }
+  if (self == nullptr) {
+    GTEST_SKIP() << "this process (pid " << getpid() << ") is not among NVML's "
+                 << smi.processes.size() << " processes: in a container NVML lists the host's "
+                 << "process IDs";
+  }
+  ASSERT_GE(self->bytes, 0) << "the driver did not report this process's memory";
+  EXPECT_GE(self->bytes, reserved);
 }

@@ -1,7 +1,6 @@
 // Tests of lesson 08: autocast's dtypes, the autocast guard, the gradient scaler, and training.
 #include <gtest/gtest.h>
 
-#include "common/autocast.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
 #include "mixed_precision.h"
@@ -23,7 +22,7 @@ void expect_policy(const torch::Device& device, torch::ScalarType low) {
   EXPECT_EQ(dtype_of(rows, "cross_entropy"), torch::kFloat);
   EXPECT_EQ(dtype_of(rows, "mse_loss"), torch::kFloat);
   EXPECT_EQ(dtype_of(rows, "weight gradient"), torch::kFloat);
-  EXPECT_FALSE(course::autocast_enabled(device.type()));  // the guard switched it off again
+  EXPECT_FALSE(lesson08::Autocast::enabled(device.type()));  // the guard switched it off again
 }
 
 // A tiny model and a scaler whose interval is short enough to watch.
@@ -77,17 +76,17 @@ TEST(Autocast, CpuBf16Policy) { expect_policy(torch::kCPU, torch::kBFloat16); }
 
 // Tests that guards nest and restore the previous state.
 TEST(Autocast, GuardsNestAndRestore) {
-  EXPECT_FALSE(course::autocast_enabled(torch::kCPU));
+  EXPECT_FALSE(lesson08::Autocast::enabled(torch::kCPU));
   {
-    course::AutocastGuard outer(torch::kCPU, torch::kBFloat16);
+    lesson08::Autocast outer(torch::kCPU, torch::kBFloat16);
     {
-      course::AutocastGuard inner(torch::kCPU, torch::kBFloat16);
-      EXPECT_TRUE(course::autocast_enabled(torch::kCPU));
+      lesson08::Autocast inner(torch::kCPU, torch::kBFloat16);
+      EXPECT_TRUE(lesson08::Autocast::enabled(torch::kCPU));
     }
-    EXPECT_TRUE(course::autocast_enabled(torch::kCPU));
+    EXPECT_TRUE(lesson08::Autocast::enabled(torch::kCPU));
     EXPECT_EQ(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type(), torch::kBFloat16);
   }
-  EXPECT_FALSE(course::autocast_enabled(torch::kCPU));
+  EXPECT_FALSE(lesson08::Autocast::enabled(torch::kCPU));
   EXPECT_EQ(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type(), torch::kFloat);
 }
 
@@ -136,4 +135,23 @@ TEST_F(CudaTest, Fp16TrainingWithinMargin) {
   const auto fp32 = lesson08::train(spec, "fp32", data->train, data->test, device, lesson08::kSeed);
   const auto fp16 = lesson08::train(spec, "fp16", data->train, data->test, device, lesson08::kSeed);
   EXPECT_GE(fp16.accuracy, fp32.accuracy - lesson08::kAccuracyMargin);
+}
+
+// Tests the step the lesson trains with: under bf16 autocast the loss comes back in fp32, the
+// optimizer steps, and the parameters it changed stay fp32.
+TEST(TrainStep, Bf16StepKeepsFp32Parameters) {
+  torch::manual_seed(lesson08::kSeed);
+  lesson08::Mlp model(32, 16);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  lesson08::GradScaler scaler(torch::kCPU);
+  const torch::Tensor x = torch::rand({8, 784});
+  const torch::Tensor y = torch::randint(10, {8}, torch::kLong);
+  const torch::Tensor before = model->fc1->weight.detach().clone();
+  bool taken = false;
+  const torch::Tensor loss = lesson08::train_step(model, adam, scaler, "bf16", x, y, &taken);
+  EXPECT_TRUE(taken);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  EXPECT_EQ(model->fc1->weight.scalar_type(), torch::kFloat);
+  EXPECT_FALSE(torch::equal(before, model->fc1->weight.detach()));
+  EXPECT_FALSE(lesson08::Autocast::enabled(torch::kCPU));
 }

@@ -8,17 +8,22 @@
 //   - the CPU and CUDA random generators differ: the same seed gives different numbers, so
 //     create on the CPU and move when results must be identical;
 //   - pinned (page-locked) host memory makes host-to-device copies faster and lets
-//     non_blocking=true overlap them with other work.
+//     non_blocking=true overlap them with other work;
+//   - a loop over a tensor's elements with .item() pays a copy (on a GPU, a wait) per element:
+//     copy once and loop over an accessor, or better, let one tensor op do the whole loop.
 //
 // Run:    build/bin/lesson03_moving_tensors [--device auto|cpu|cuda|cuda:N] [--quick]
 // Checks: the facts above, each on the chosen device; the CUDA-only ones print
-//         "(skipped: needs CUDA)" on the CPU. Exit 0 PASS, 1 FAIL, 2 bad flag.
+//         "(skipped: needs CUDA)" on the CPU; the three sums of squares agree. Exit 0 PASS,
+//         1 FAIL, 2 bad flag.
 #include "moving_tensors.h"
 
+#include <cmath>
+#include <cstdio>
 #include <iostream>
 
 #include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/timing.h"  // defines: time_median
+#include "common/timing.h"  // defines: time_median, describe, looks_busy
 #include "common/verdict.h" // defines: Verdict
 
 namespace lesson03 {
@@ -87,7 +92,77 @@ double copy_bandwidth(const torch::Device& device, std::int64_t bytes, bool pinn
   return static_cast<double>(bytes) / timing.median_s / 1e9;
 }
 
+// ---- one computation, three ways ----------------------------------------------------------------
+//! [item-loop]
+// Python: total = 0.0; for i in range(len(x)): total += x[i].item() ** 2
+double sum_of_squares_item_loop(const torch::Tensor& x) {
+  double total = 0;
+  for (std::int64_t i = 0; i < x.size(0); ++i) {
+    const double v = x[i].item<double>();  // x[i] is a tensor; .item() copies it to the host
+    total += v * v;
+  }
+  return total;
+}
+//! [item-loop]
+
+//! [accessor-loop]
+// Python: values = x.cpu().tolist(); total = sum(v * v for v in values)
+double sum_of_squares_accessor_loop(const torch::Tensor& x) {
+  const torch::Tensor host = x.to(torch::kCPU).contiguous();  // one copy of the whole tensor
+  const auto a = host.accessor<float, 1>();  // plain reads of the host memory, no tensor ops
+  double total = 0;
+  for (std::int64_t i = 0; i < a.size(0); ++i) total += static_cast<double>(a[i]) * a[i];
+  return total;
+}
+//! [accessor-loop]
+
+//! [vectorized]
+// Python: total = (x.double() ** 2).sum().item()
+double sum_of_squares_vectorized(const torch::Tensor& x) {
+  // >>> lab: the whole loop as tensor ops on x's device (in double, as the loops add), one .item()
+  return x.to(torch::kDouble).square().sum().item<double>();
+  // <<< lab
+}
+//! [vectorized]
+
 }  // namespace lesson03
+
+namespace {
+
+// The three ways on `device`: the same result, timed side by side.
+void compare_three_ways(const torch::Device& device, std::int64_t n, course::Verdict& verdict) {
+  using namespace lesson03;
+  torch::manual_seed(kSeed);
+  const torch::Tensor x = torch::rand({n}).to(device);
+  struct Way {
+    const char* name;
+    double (*sum)(const torch::Tensor&);
+  };
+  const Way ways[] = {{"loop, .item() per element", sum_of_squares_item_loop},
+                      {"copy once, loop over an accessor", sum_of_squares_accessor_loop},
+                      {"one tensor op", sum_of_squares_vectorized}};
+  std::cout << "\nThe sum of x[i]^2 over " << n << " numbers on " << device << ", three ways:\n";
+  double results[3], seconds[3];
+  bool busy = false;
+  for (int w = 0; w < 3; ++w) {
+    results[w] = ways[w].sum(x);
+    const course::Timing t =
+        course::time_median([&] { ways[w].sum(x); }, device, /*warmup=*/1, kTimedRuns);
+    seconds[w] = t.median_s;
+    busy = busy || course::looks_busy(t);
+    std::printf("  %-34s %-34s = %.6f\n", ways[w].name, course::describe_ms(t).c_str(),
+                results[w]);
+  }
+  if (busy) std::cout << course::busy_note() << "\n";
+  std::printf("  the loop with .item() took %.0fx the time of the tensor op\n",
+              seconds[0] / seconds[2]);
+  const double tolerance = 1e-9 * std::abs(results[2]);  // double sums, added in other orders
+  verdict.check(std::abs(results[0] - results[2]) <= tolerance &&
+                    std::abs(results[1] - results[2]) <= tolerance,
+                "the element loop, the accessor loop and the tensor op give the same sum");
+}
+
+}  // namespace
 
 int lesson_main(int argc, char** argv) {
   using namespace lesson03;
@@ -137,14 +212,18 @@ int lesson_main(int argc, char** argv) {
   const auto via_cpu = course::time_median(
       [&] { torch::randn({n}).to(device); }, device, 1, kTimedRuns);
   //! [create-where]
-  std::cout << "Creating " << bytes / (1 << 20) << " MiB of random numbers, median of "
-            << kTimedRuns << ":\n  directly on " << device << ": " << direct.median_s * 1e3
-            << " ms\n  on the CPU, then .to(" << device << "): " << via_cpu.median_s * 1e3
-            << " ms\n";
+  std::cout << "Creating " << bytes / (1 << 20) << " MiB of random numbers, median (fastest-"
+            << "slowest):\n  directly on " << device << ": " << course::describe_ms(direct)
+            << "\n  on the CPU, then .to(" << device << "): " << course::describe_ms(via_cpu)
+            << "\n";
+  if (course::looks_busy(direct) || course::looks_busy(via_cpu)) {
+    std::cout << course::busy_note() << "\n";
+  }
   if (cuda) {
     std::cout << "Host-to-device copy of " << bytes / (1 << 20) << " MiB: pageable "
               << copy_bandwidth(device, bytes, false) << " GB/s, pinned "
               << copy_bandwidth(device, bytes, true) << " GB/s\n";
   }
+  compare_three_ways(device, options.quick ? kLoopElementsQuick : kLoopElements, verdict);
   return verdict.finish("lesson 03 on " + device.str());
 }

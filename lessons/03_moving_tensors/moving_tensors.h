@@ -13,6 +13,8 @@ constexpr std::int64_t kSmall = 1000;            // elements in the tensors the 
 constexpr std::int64_t kCopyBytes = 64 << 20;    // 64 MiB: large enough to measure bandwidth
 constexpr std::int64_t kCopyBytesQuick = 8 << 20;
 constexpr int kTimedRuns = 5;                    // median of this many, after one warm-up
+constexpr std::int64_t kLoopElements = 10000;    // the sum of squares computed three ways
+constexpr std::int64_t kLoopElementsQuick = 2000;
 
 /// What .to() gave back.
 struct MoveFacts {
@@ -38,5 +40,14 @@ bool pinned_non_blocking_copy_matches(const torch::Device& device);
 
 /// Host-to-device copy bandwidth in GB/s, from pageable or pinned host memory (CUDA only).
 double copy_bandwidth(const torch::Device& device, std::int64_t bytes, bool pinned);
+
+// ---- one computation, three ways ------------------------------------------------------------
+/// The sum of x[i]² over a 1-D float tensor, with a C++ loop that reads each element with
+/// `.item()`: one small copy to the host (and, on a GPU, one wait for it) per element.
+double sum_of_squares_item_loop(const torch::Tensor& x);
+/// The same with one copy to the host and a loop over a CPU accessor (plain C++ array reads).
+double sum_of_squares_accessor_loop(const torch::Tensor& x);
+/// The same in one tensor op, on x's own device; one `.item()` brings the result back.
+double sum_of_squares_vectorized(const torch::Tensor& x);
 
 }  // namespace lesson03

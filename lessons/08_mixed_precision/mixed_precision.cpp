@@ -24,10 +24,12 @@
 #include <iostream>
 #include <optional>
 
-#include "common/autocast.h" // defines: AutocastGuard
+#include <ATen/autocast_mode.h>  // defines: at::autocast::set_autocast_enabled, ...
+
 #include "common/cli.h"      // defines: Cli, start_lesson
-#include "common/timing.h"   // defines: Stopwatch, median
+#include "common/timing.h"   // defines: time_median, describe, looks_busy
 #include "common/verdict.h"  // defines: Verdict
+#include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 
 namespace lesson08 {
 
@@ -56,7 +58,65 @@ torch::ScalarType precision_dtype(const std::string& precision) {
   return torch::kFloat;
 }
 
-// ---- what autocast does, op by op ------------------------------------------------------------------
+// ---- autocast: `with torch.autocast(...)` as a guard object -------------------------------------
+//! [autocast]
+// Autocast is a per-thread switch with a 16-bit type per device type. Python's `with` block sets
+// both and restores them on exit; in C++ an object does it in its constructor and destructor.
+// LibTorch 2.4 replaced the per-device functions (set_enabled for CUDA, set_cpu_enabled, ...)
+// with ones that take the device type: the version check below picks what the LibTorch has.
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 4)
+bool Autocast::enabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+
+Autocast::Autocast(c10::DeviceType type, c10::ScalarType dtype)
+    : device_type_(type),
+      previous_enabled_(at::autocast::is_autocast_enabled(type)),
+      previous_dtype_(at::autocast::get_autocast_dtype(type)) {
+  at::autocast::set_autocast_dtype(type, dtype);
+  at::autocast::set_autocast_enabled(type, true);
+  at::autocast::increment_nesting();
+}
+
+Autocast::~Autocast() {
+  // While autocast is on it caches the 16-bit copies of the weights; the outermost scope drops
+  // them.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+#else   // LibTorch 1.13: one function for the CPU, another for CUDA
+bool Autocast::enabled(c10::DeviceType type) {
+  return type == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+
+Autocast::Autocast(c10::DeviceType type, c10::ScalarType dtype)
+    : device_type_(type),
+      previous_enabled_(enabled(type)),
+      previous_dtype_(type == c10::kCPU ? at::autocast::get_autocast_cpu_dtype()
+                                        : at::autocast::get_autocast_gpu_dtype()) {
+  if (type == c10::kCPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(true);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(true);
+  }
+  at::autocast::increment_nesting();
+}
+
+Autocast::~Autocast() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (device_type_ == c10::kCPU) {
+    at::autocast::set_cpu_enabled(previous_enabled_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  } else {
+    at::autocast::set_enabled(previous_enabled_);
+    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
+  }
+}
+#endif
+//! [autocast]
+
+// ---- what autocast does, op by op ---------------------------------------------------------------
 //! [op-dtypes]
 std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType low) {
   torch::manual_seed(kSeed);
@@ -68,7 +128,7 @@ std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType lo
   std::vector<OpDtype> rows;
   torch::Tensor loss;
   {
-    course::AutocastGuard autocast(device.type(), low);  // autocast on, in this scope only
+    Autocast autocast(device.type(), low);  // with torch.autocast(device.type, dtype=low):
     const torch::Tensor logits = layer(x);
     rows.push_back({"linear", logits.scalar_type()});
     rows.push_back({"matmul", torch::matmul(x, x.t()).scalar_type()});
@@ -86,7 +146,7 @@ std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType lo
 }
 //! [op-dtypes]
 
-// ---- the gradient scaler ---------------------------------------------------------------------------
+// ---- the gradient scaler ------------------------------------------------------------------------
 GradScaler::GradScaler(const torch::Device& device, GradScalerOptions options)
     : device_(device), options_(options) {
   const auto on = torch::TensorOptions().device(device);
@@ -152,14 +212,36 @@ void GradScaler::update() {
 double GradScaler::current_scale() const { return scale_.item<double>(); }
 std::int64_t GradScaler::clean_steps() const { return growth_tracker_.item<std::int64_t>(); }
 
-// ---- training in fp32 or mixed precision -------------------------------------------------------------
+// ---- training in fp32 or mixed precision --------------------------------------------------------
+//! [step]
+torch::Tensor train_step(Mlp& model, torch::optim::Optimizer& optimizer, GradScaler& scaler,
+                         const std::string& precision, const torch::Tensor& x,
+                         const torch::Tensor& y, bool* taken) {
+  optimizer.zero_grad();
+  torch::Tensor loss;
+  {
+    std::optional<Autocast> autocast;  // `with torch.autocast(...)`, for the mixed precisions
+    if (precision != "fp32") autocast.emplace(x.device().type(), precision_dtype(precision));
+    loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+  }  // autocast covers the forward pass and the loss only
+  bool stepped = true;
+  if (precision == "fp16") {  // bf16 has fp32's range: only fp16 needs the scaler
+    scaler.scale(loss).backward();
+    stepped = scaler.step(optimizer);
+    scaler.update();
+  } else {
+    loss.backward();
+    optimizer.step();
+  }
+  if (taken != nullptr) *taken = stepped;
+  return loss;
+}
+//! [step]
+
 //! [train]
 TrainResult train(const ModelSpec& spec, const std::string& precision,
                   const course::ImageSet& train_set, const course::ImageSet& test,
                   const torch::Device& device, std::uint64_t seed) {
-  const bool mixed = precision != "fp32";
-  const bool scaled = precision == "fp16";  // bf16 has fp32's range: no scaling needed
-  const torch::ScalarType low = precision_dtype(precision);
   const std::int64_t n = std::min<std::int64_t>(spec.samples, train_set.labels.size(0));
   const torch::Tensor images = train_set.images.slice(0, 0, n).reshape({n, 784}).to(device);
   const torch::Tensor labels = train_set.labels.slice(0, 0, n).to(device);
@@ -170,42 +252,27 @@ TrainResult train(const ModelSpec& spec, const std::string& precision,
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   GradScaler scaler(device);
   TrainResult result;
-  std::vector<double> seconds;
   for (int epoch = 0; epoch < spec.epochs; ++epoch) {
-    course::Stopwatch watch(device);
     model->train();
     const torch::Tensor order =
         torch::randperm(n, torch::TensorOptions().dtype(torch::kLong).device(device));
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (std::int64_t start = 0; start < n; start += spec.batch) {
       const torch::Tensor idx = order.slice(0, start, start + spec.batch);
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        std::optional<course::AutocastGuard> autocast;
-        if (mixed) autocast.emplace(device.type(), low);
-        loss = torch::nn::functional::cross_entropy(model->forward(images.index_select(0, idx)),
-                                                    labels.index_select(0, idx));
-      }  // autocast covers the forward pass and the loss only
-      if (scaled) {
-        scaler.scale(loss).backward();
-        if (!scaler.step(optimizer)) ++result.skipped_steps;
-        scaler.update();
-      } else {
-        loss.backward();
-        optimizer.step();
-      }
+      bool taken = true;
+      const torch::Tensor loss = train_step(model, optimizer, scaler, precision,
+                                            images.index_select(0, idx),
+                                            labels.index_select(0, idx), &taken);
+      if (!taken) ++result.skipped_steps;
       loss_sum += loss.detach() * static_cast<double>(idx.size(0));
     }
     result.final_loss = loss_sum.item<double>() / static_cast<double>(n);
-    seconds.push_back(watch.seconds());
   }
-  result.seconds_per_epoch = course::median(seconds);
 
   model->eval();
   torch::NoGradGuard no_grad;
-  std::optional<course::AutocastGuard> autocast;
-  if (mixed) autocast.emplace(device.type(), low);
+  std::optional<Autocast> autocast;
+  if (precision != "fp32") autocast.emplace(device.type(), precision_dtype(precision));
   const torch::Tensor x = test.images.reshape({-1, 784}).to(device);
   const torch::Tensor correct =
       model->forward(x).argmax(1).eq(test.labels.to(device)).sum();
@@ -214,9 +281,36 @@ TrainResult train(const ModelSpec& spec, const std::string& precision,
 }
 //! [train]
 
+course::Timing time_step(const ModelSpec& spec, const std::string& precision,
+                         const course::ImageSet& train_set, const torch::Device& device,
+                         int runs) {
+  torch::manual_seed(kSeed);
+  Mlp model(spec.hidden1, spec.hidden2);
+  model->to(device);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  GradScaler scaler(device);
+  const torch::Tensor x = train_set.images.slice(0, 0, spec.batch).reshape({-1, 784}).to(device);
+  const torch::Tensor y = train_set.labels.slice(0, 0, spec.batch).to(device);
+  const auto step = [&] { train_step(model, optimizer, scaler, precision, x, y); };
+  step();  // the first step allocates Adam's state and warms the kernels up
+  course::Stopwatch watch(device);
+  step();
+  const int steps = std::clamp(static_cast<int>(kTimedRunSeconds / watch.seconds()), 1,
+                               kMaxTimedSteps);
+  course::Timing t = course::time_median(
+      [&] {
+        for (int i = 0; i < steps; ++i) step();
+      },
+      device, /*warmup=*/0, runs);
+  t.median_s /= steps;
+  t.min_s /= steps;
+  t.max_s /= steps;
+  return t;
+}
+
 }  // namespace lesson08
 
-// ---- main ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 namespace {
 
 // The scaler's two behaviours on a tiny model: an inf gradient is skipped and halves the scale;
@@ -302,24 +396,20 @@ int lesson_main(int argc, char** argv) {
   const auto folder = course::find_fashion_mnist(options.data_dir);
   const course::ImageSet train_set = course::load_fashion_mnist(folder, true);
   const course::ImageSet test = course::load_fashion_mnist(folder, false);
-  std::cout << "\nmodel  precision  samples x epochs  s/epoch  speed-up  accuracy  vs fp32\n";
-  for (ModelSpec spec : {kMlp, kWide}) {
-    if (options.quick) spec = quick(spec);
+  std::cout << "\nmodel  precision  samples x epochs  accuracy  vs fp32\n";
+  std::vector<ModelSpec> specs = {kMlp, kWide};
+  if (options.quick) specs = {quick(kMlp), quick(kWide)};
+  for (const ModelSpec& spec : specs) {
     const TrainResult fp32 = train(spec, "fp32", train_set, test, device, options.seed);
-    std::printf("%-6s %-10s %7lld x %d %12.3f %9s %9.4f\n", spec.name.c_str(), "fp32",
-                static_cast<long long>(spec.samples), spec.epochs, fp32.seconds_per_epoch, "1.00x",
-                fp32.accuracy);
+    std::printf("%-6s %-10s %7lld x %d %9.4f\n", spec.name.c_str(), "fp32",
+                static_cast<long long>(spec.samples), spec.epochs, fp32.accuracy);
     for (const auto& precision : precisions) {
       const TrainResult mixed = train(spec, precision, train_set, test, device, options.seed);
-      char speedup[16];
-      std::snprintf(speedup, sizeof speedup, "%.2fx", fp32.seconds_per_epoch / mixed.seconds_per_epoch);
-      std::printf("%-6s %-10s %7lld x %d %12.3f %9s %9.4f %+8.4f", spec.name.c_str(),
-                  precision.c_str(), static_cast<long long>(spec.samples), spec.epochs,
-                  mixed.seconds_per_epoch, speedup, mixed.accuracy, mixed.accuracy - fp32.accuracy);
-      // fp16's time includes the scaler's .item() each step (a wait for the device, as in
-      // PyTorch's GradScaler); fp32 and bf16 steps never wait.
+      std::printf("%-6s %-10s %7lld x %d %9.4f %+8.4f", spec.name.c_str(), precision.c_str(),
+                  static_cast<long long>(spec.samples), spec.epochs, mixed.accuracy,
+                  mixed.accuracy - fp32.accuracy);
       if (precision == "fp16") {
-        std::printf("  (%lld steps skipped; time includes 1 host sync per step)",
+        std::printf("  (%lld steps skipped by the scaler)",
                     static_cast<long long>(mixed.skipped_steps));
       }
       std::printf("\n");
@@ -331,5 +421,24 @@ int lesson_main(int argc, char** argv) {
                     evidence);
     }
   }
+
+  // The time of a step, fp32 against each 16-bit type: the median of kTimedRuns runs, with the
+  // fastest and the slowest, so that the spread shows how far one figure can be trusted.
+  std::printf("\nmodel  precision  ms per step: median (fastest-slowest)  speed-up over fp32\n");
+  std::vector<std::string> timed = {"fp32"};
+  timed.insert(timed.end(), precisions.begin(), precisions.end());
+  bool busy = false;
+  for (const ModelSpec& spec : specs) {
+    double fp32_s = 0;
+    for (const std::string& precision : timed) {
+      const course::Timing t = time_step(spec, precision, train_set, device);
+      if (precision == "fp32") fp32_s = t.median_s;
+      std::printf("%-6s %-10s %-38s %.2fx%s\n", spec.name.c_str(), precision.c_str(),
+                  course::describe_ms(t).c_str(), fp32_s / t.median_s,
+                  precision == "fp16" ? "  (with the scaler's wait for the device each step)" : "");
+      busy = busy || course::looks_busy(t);
+    }
+  }
+  if (busy) std::cout << course::busy_note() << "\n";
   return verdict.finish("lesson 08 on " + device.str());
 }

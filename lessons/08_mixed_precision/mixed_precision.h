@@ -8,7 +8,8 @@
 
 #include <torch/torch.h>
 
-#include "common/data.h"  // defines: course::ImageSet
+#include "common/data.h"    // defines: course::ImageSet
+#include "common/timing.h"  // defines: course::Timing
 
 namespace lesson08 {
 
@@ -36,6 +37,26 @@ struct MlpImpl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 TORCH_MODULE(Mlp);
+
+// ---- autocast ------------------------------------------------------------------------------
+/// `with torch.autocast(device_type, dtype=...):` in C++. While an Autocast is alive, eligible
+/// ops on `device_type` (matmul, linear, conv, ...) run in `dtype` (kHalf or kBFloat16; LibTorch
+/// 1.13's CPU autocast knows kBFloat16 only). At the end of its scope the previous state comes
+/// back, and the outermost one drops autocast's cached casts of the weights.
+class Autocast {
+ public:
+  Autocast(c10::DeviceType device_type, c10::ScalarType dtype);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+  /// torch.is_autocast_enabled(device_type): whether autocast is on in this thread.
+  static bool enabled(c10::DeviceType device_type);
+
+ private:
+  c10::DeviceType device_type_;
+  bool previous_enabled_;
+  c10::ScalarType previous_dtype_;
+};
 
 /// The low-precision type autocast uses: kHalf or kBFloat16 on CUDA, kBFloat16 on the CPU.
 /// "fp32" means no autocast.
@@ -86,9 +107,15 @@ class GradScaler {
 };
 
 // ---- training ------------------------------------------------------------------------------------
+/// One training step on the batch (x, y) in `precision` ("fp32", "bf16" or "fp16"): the forward
+/// pass and the loss under autocast when mixed, backward and the step outside it, through the
+/// scaler for fp16. Returns the loss; `taken` says whether the optimizer stepped.
+torch::Tensor train_step(Mlp& model, torch::optim::Optimizer& optimizer, GradScaler& scaler,
+                         const std::string& precision, const torch::Tensor& x,
+                         const torch::Tensor& y, bool* taken = nullptr);
+
 struct TrainResult {
   double accuracy = 0;
-  double seconds_per_epoch = 0;  ///< median over the epochs
   double final_loss = 0;
   std::int64_t skipped_steps = 0;  ///< steps the scaler skipped (fp16)
 };
@@ -97,5 +124,15 @@ struct TrainResult {
 TrainResult train(const ModelSpec& spec, const std::string& precision,
                   const course::ImageSet& train_set, const course::ImageSet& test,
                   const torch::Device& device, std::uint64_t seed);
+
+/// The time of one training step of `spec` in `precision` on one batch of `train_set`: median,
+/// fastest and slowest of `runs` runs of as many steps as fill about kTimedRunSeconds (at most
+/// kMaxTimedSteps), after two warm-up steps.
+constexpr double kTimedRunSeconds = 0.2;
+constexpr int kMaxTimedSteps = 50;
+constexpr int kTimedRuns = 5;
+course::Timing time_step(const ModelSpec& spec, const std::string& precision,
+                         const course::ImageSet& train_set, const torch::Device& device,
+                         int runs = kTimedRuns);
 
 }  // namespace lesson08

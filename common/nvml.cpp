@@ -1,0 +1,151 @@
+// nvml.cpp: smi_view. NVML's few functions used here are declared by hand, with the layouts of
+// NVML's own header (nvml.h, which neither Debian's CUDA packages nor the wheels ship), and looked
+// up with dlsym in libnvidia-ml.so.1, the driver's copy.
+#include "common/nvml.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#include "common/device.h"  // defines: list_gpus, cuda_device_count, why_no_cuda
+
+namespace course {
+namespace {
+
+using nvmlReturn_t = int;
+using nvmlDevice_t = void*;
+constexpr nvmlReturn_t kSuccess = 0;
+constexpr nvmlReturn_t kInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+constexpr unsigned long long kNotAvailable = ~0ULL;  // NVML_VALUE_NOT_AVAILABLE
+
+struct nvmlMemory_t {  // nvmlMemory_t (v1)
+  unsigned long long total, free, used;
+};
+struct nvmlProcessInfo_t {  // nvmlProcessInfo_v2_t, what the _v2 and _v3 process queries fill
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+};
+
+struct Nvml {
+  void* library = nullptr;
+  std::string why_not;
+  nvmlReturn_t (*init)() = nullptr;
+  const char* (*error_string)(nvmlReturn_t) = nullptr;
+  nvmlReturn_t (*by_uuid)(const char*, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*memory_info)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*processes)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*) = nullptr;
+  nvmlReturn_t (*process_name)(unsigned int, char*, unsigned int) = nullptr;
+};
+
+template <typename F>
+bool find(Nvml& nvml, F& function, const char* name) {
+  function = reinterpret_cast<F>(dlsym(nvml.library, name));
+  if (function == nullptr && nvml.why_not.empty()) {
+    nvml.why_not = std::string("the NVIDIA driver's libnvidia-ml.so.1 has no ") + name +
+                   ": update the driver";
+  }
+  return function != nullptr;
+}
+
+// Loaded and initialised once; never unloaded (NVML's own threads may outlive a dlclose).
+const Nvml& nvml() {
+  static const Nvml instance = [] {
+    Nvml n;
+    n.library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (n.library == nullptr) {
+      n.why_not = std::string("no NVIDIA management library (") + dlerror() +
+                  "): it comes with the NVIDIA driver";
+      return n;
+    }
+    bool ok = find(n, n.init, "nvmlInit_v2") && find(n, n.error_string, "nvmlErrorString") &&
+              find(n, n.by_uuid, "nvmlDeviceGetHandleByUUID") &&
+              find(n, n.memory_info, "nvmlDeviceGetMemoryInfo") &&
+              find(n, n.process_name, "nvmlSystemGetProcessName");
+    n.processes = reinterpret_cast<decltype(n.processes)>(
+        dlsym(n.library, "nvmlDeviceGetComputeRunningProcesses_v3"));
+    if (ok && n.processes == nullptr) {  // drivers before 510 have only the _v2 query
+      ok = find(n, n.processes, "nvmlDeviceGetComputeRunningProcesses_v2");
+    }
+    if (ok) {
+      const nvmlReturn_t status = n.init();
+      if (status != kSuccess) n.why_not = std::string("nvmlInit failed: ") + n.error_string(status);
+    }
+    return n;
+  }();
+  return instance;
+}
+
+std::string failed(const Nvml& n, const char* what, nvmlReturn_t status) {
+  return std::string(what) + " failed: " + n.error_string(status);
+}
+
+}  // namespace
+
+SmiView smi_view(const c10::Device& device) {
+  SmiView view;
+  if (!device.is_cuda()) {
+    view.why_not = "needs CUDA";
+    return view;
+  }
+  if (cuda_device_count() == 0) {
+    view.why_not = "needs CUDA: " + why_no_cuda();
+    return view;
+  }
+  const Nvml& n = nvml();
+  if (!n.why_not.empty()) {
+    view.why_not = n.why_not;
+    return view;
+  }
+  // NVML numbers GPUs its own way (CUDA_VISIBLE_DEVICES does not renumber them): the UUID names
+  // the same GPU in both.
+  const std::vector<GpuInfo> gpus = list_gpus();
+  const auto index = static_cast<size_t>(device.has_index() ? device.index() : 0);
+  if (index >= gpus.size() || gpus[index].uuid.empty()) {
+    view.why_not = "no UUID for " + device.str();
+    return view;
+  }
+  nvmlDevice_t handle = nullptr;
+  nvmlReturn_t status = n.by_uuid(gpus[index].uuid.c_str(), &handle);
+  if (status != kSuccess) {
+    view.why_not = failed(n, "nvmlDeviceGetHandleByUUID", status);
+    return view;
+  }
+  nvmlMemory_t memory{};
+  status = n.memory_info(handle, &memory);
+  if (status != kSuccess) {
+    view.why_not = failed(n, "nvmlDeviceGetMemoryInfo", status);
+    return view;
+  }
+  view.total = static_cast<std::int64_t>(memory.total);
+  view.used = static_cast<std::int64_t>(memory.used);
+  view.free = static_cast<std::int64_t>(memory.free);
+  // Ask with room for what was there a moment ago; processes may start in between, so retry.
+  std::vector<nvmlProcessInfo_t> infos(16);
+  unsigned int count = 0;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    count = static_cast<unsigned int>(infos.size());
+    status = n.processes(handle, &count, infos.data());
+    if (status != kInsufficientSize) break;
+    infos.resize(count + 16);
+  }
+  if (status != kSuccess) {
+    view.why_not = failed(n, "nvmlDeviceGetComputeRunningProcesses", status);
+    return view;
+  }
+  for (unsigned int i = 0; i < count; ++i) {
+    GpuProcess p;
+    p.pid = infos[i].pid;
+    if (infos[i].usedGpuMemory != kNotAvailable) {
+      p.bytes = static_cast<std::int64_t>(infos[i].usedGpuMemory);
+    }
+    char name[256] = {};
+    if (n.process_name(p.pid, name, sizeof name) == kSuccess) p.name = name;
+    view.processes.push_back(p);
+  }
+  view.available = true;
+  return view;
+}
+
+}  // namespace course
