@@ -769,11 +769,7 @@ int lesson_main(int argc, char** argv) {
     std::printf("%-10s %-32s %12.0f %12.4f\n", run.c_str(), course::describe(t, "s").c_str(),
                 static_cast<double>(train.labels.size(0)) / t.median_s, results[run].accuracy);
   }
-  if (busy) {
-    std::printf("note: a run's epochs took from one time to more than %.1f times it: this machine "
-                "was busy, and such figures do not repeat (close other programs, or try "
-                "--threads 1)\n", course::kBusyRatio);
-  }
+  if (busy) std::cout << course::busy_note() << "\n";
   const auto speed_up = [&](const std::string& fast, const std::string& slow) {
     if (results.count(fast) == 0 || results.count(slow) == 0) return;
     std::printf("%s is %.2fx the speed of %s on %s\n", fast.c_str(),

@@ -25,8 +25,8 @@
 #include "common/cli.h"     // defines: Cli, start_lesson
 #include "common/data.h"    // defines: load_fashion_mnist
 #include "common/device.h"  // defines: format_bytes
-#include "common/memory.h"  // defines: memory_stats, reset_peak_memory
-#include "common/timing.h"  // defines: time_median
+#include "common/memory.h"  // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
+#include "common/timing.h"  // defines: time_median, describe, looks_busy
 #include "common/verdict.h" // defines: Verdict, error_message
 
 namespace lesson06 {
@@ -85,11 +85,11 @@ PassFacts measure_pass(Classifier& model, const torch::Tensor& x, Mode mode,
   // (32 MiB on sm_90), which would be charged to whichever mode is measured first.
   evaluate_in_mode(model, x.slice(0, 0, kEvalBatch), mode);
   {
-    course::synchronize(device);
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());  // torch.cuda.synchronize()
     course::reset_peak_memory(device);
     const std::int64_t start = course::memory_stats(device).allocated;
     const torch::Tensor logits = evaluate_in_mode(model, x, mode);
-    course::synchronize(device);
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());  // the pass has finished
     const course::MemoryStats after = course::memory_stats(device);
     facts.peak_bytes = after.peak_allocated - start;
     facts.kept_bytes = after.allocated - start;
@@ -97,8 +97,8 @@ PassFacts measure_pass(Classifier& model, const torch::Tensor& x, Mode mode,
     facts.has_grad_fn = logits.grad_fn() != nullptr;
     facts.is_inference = logits.is_inference();
   }
-  facts.median_s = course::time_median([&] { evaluate_in_mode(model, x, mode); }, device,
-                                       /*warmup=*/2, timed_runs).median_s;
+  facts.time = course::time_median([&] { evaluate_in_mode(model, x, mode); }, device,
+                                   /*warmup=*/2, timed_runs);
   return facts;
 }
 
@@ -156,18 +156,22 @@ int lesson_main(int argc, char** argv) {
   std::cout << "Evaluating " << n << " test images in batches of " << kEvalBatch << " on " << device
             << ", keeping the logits\n\n"
             << "mode            requires_grad  grad_fn  inference  peak memory  held after  "
-               "median time\n";
+               "time: median (fastest-slowest)\n";
 
   PassFacts facts[3];
+  bool busy = false;
   for (Mode mode : {Mode::kGrad, Mode::kNoGrad, Mode::kInference}) {
     PassFacts& f = facts[static_cast<int>(mode)];
     f = measure_pass(model, x, mode, device);
-    std::printf("%-15s %-14s %-8s %-10s %-12s %-11s %.3f ms\n", mode_name(mode),
+    std::printf("%-15s %-14s %-8s %-10s %-12s %-11s %s\n", mode_name(mode),
                 f.requires_grad ? "true" : "false", f.has_grad_fn ? "yes" : "none",
                 f.is_inference ? "yes" : "no",
                 course::format_bytes(static_cast<double>(f.peak_bytes)).c_str(),
-                course::format_bytes(static_cast<double>(f.kept_bytes)).c_str(), f.median_s * 1e3);
+                course::format_bytes(static_cast<double>(f.kept_bytes)).c_str(),
+                course::describe_ms(f.time).c_str());
+    busy = busy || course::looks_busy(f.time);
   }
+  if (busy) std::cout << course::busy_note() << "\n";
   const PassFacts& grad = facts[0];
   const PassFacts& no_grad = facts[1];
   const PassFacts& inference = facts[2];
@@ -186,7 +190,8 @@ int lesson_main(int argc, char** argv) {
   verdict.check(no_grad.peak_bytes < grad.peak_bytes,
                 "the no-grad peak memory is below the with-grad peak", ratio);
   std::printf("  time: no_grad %.2fx and inference mode %.2fx the speed of a pass with grad\n",
-              grad.median_s / no_grad.median_s, grad.median_s / inference.median_s);
+              grad.time.median_s / no_grad.time.median_s,
+              grad.time.median_s / inference.time.median_s);
 
   const std::string error = inference_tensor_error(model, x);
   if (!error.empty()) std::cout << "  autograd on an inference tensor: " << error << "\n";

@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include "common/timing.h"  // defines: course::Timing
+
 namespace lesson06 {
 
 // ---- knobs -----------------------------------------------------------------------------------
@@ -39,7 +41,7 @@ struct PassFacts {
   bool is_inference = false;   ///< the output is an inference tensor
   std::int64_t peak_bytes = 0;  ///< peak memory above the starting point, during the pass
   std::int64_t kept_bytes = 0;  ///< memory still held after it, while its logits are alive
-  double median_s = 0;          ///< median time of a pass
+  course::Timing time;          ///< time of a pass: median, fastest and slowest of the runs
 };
 /// Runs the pass in eval mode after one warm-up batch, measuring peak memory with common/'s
 /// meter and time.

@@ -5,8 +5,10 @@
 //     allocator: on CUDA, allocated plus its cache), their peaks, the number of allocations;
 //   - what one training step costs, and how it grows with the batch: the activations the graph
 //     keeps for backward are most of it;
+//   - to read them with the caching allocator's own API (Python's torch.cuda.memory_allocated()
+//     and friends are c10::cuda::CUDACachingAllocator::getDeviceStats in C++);
 //   - freeing a tensor returns its memory to the allocator, not to the device: on CUDA
-//     "reserved" stays until empty_cache();
+//     "reserved" stays until emptyCache() (torch.cuda.empty_cache());
 //   - out of memory is an exception (c10::OutOfMemoryError) you can catch and recover from by
 //     retrying with a smaller batch. On the CPU the lesson enforces a memory budget with its
 //     counting allocator, so the same loop runs (and is tested) without a GPU.
@@ -17,12 +19,19 @@
 //         flag.
 #include "memory_management.h"
 
+#include <unistd.h>  // defines: getpid
+
 #include <cstdio>
 #include <iostream>
 
+#ifdef GPU_LESSONS_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
+#endif
+
 #include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/device.h"  // defines: format_bytes, synchronize
-#include "common/memory.h"  // defines: memory_stats, reset_peak_memory, empty_cache, budget
+#include "common/device.h"  // defines: format_bytes
+#include "common/memory.h"  // defines: the CPU's counting allocator and budget, device_memory
+#include "common/nvml.h"    // defines: smi_view (nvidia-smi's view, from the driver's NVML)
 #include "common/verdict.h" // defines: Verdict, error_message
 
 namespace lesson07 {
@@ -57,6 +66,39 @@ std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
   return bytes;
 }
 
+// ---- reading the allocator -------------------------------------------------------------------
+//! [read-memory]
+course::MemoryStats read_memory(const torch::Device& device) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) {
+    // Python's torch.cuda.memory_allocated(d), max_memory_allocated(d), memory_reserved(d) and
+    // max_memory_reserved(d) all read this one structure (torch.cuda.memory_stats(d) prints it).
+    // The allocator exists once CUDA is initialised: here the model's move has done that.
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    course::MemoryStats m;  // element [0] of each array: the small and the large pool together
+    m.allocated = stats.allocated_bytes[0].current;     // memory_allocated()
+    m.peak_allocated = stats.allocated_bytes[0].peak;   // max_memory_allocated()
+    m.reserved = stats.reserved_bytes[0].current;       // memory_reserved()
+    m.peak_reserved = stats.reserved_bytes[0].peak;     // max_memory_reserved()
+    m.allocations = stats.allocation[0].allocated;      // allocations since the last reset
+    return m;
+  }
+#endif
+  return course::memory_stats(device);  // the CPU has no caching allocator: the course counts
+}
+
+void reset_peak(const torch::Device& device) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());  // reset_peak_memory_stats()
+    c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());
+    return;
+  }
+#endif
+  course::reset_peak_memory(device);
+}
+//! [read-memory]
+
 void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
                 const torch::Device& device) {
   const auto on = torch::TensorOptions().device(device);
@@ -75,21 +117,21 @@ StepMemory measure_step(Net& model, torch::optim::Optimizer& optimizer, std::int
   StepMemory result;
   result.batch = batch;
   model->zero_grad(/*set_to_none=*/true);
-  course::synchronize(device);
-  course::reset_peak_memory(device);
-  const std::int64_t before = course::memory_stats(device).allocated;
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());  // torch.cuda.synchronize()
+  reset_peak(device);
+  const std::int64_t before = read_memory(device).allocated;
   {
     const auto on = torch::TensorOptions().device(device);
     const torch::Tensor x = torch::rand({batch, 784}, on);
     const torch::Tensor y = torch::randint(10, {batch}, on.dtype(torch::kLong));
     const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
     // The graph now holds every activation backward needs: this is what a bigger batch costs.
-    result.activations = course::memory_stats(device).allocated - before;
+    result.activations = read_memory(device).allocated - before;
     loss.backward();
     optimizer.step();
   }
-  course::synchronize(device);
-  result.peak = course::memory_stats(device).peak_allocated - before;
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  result.peak = read_memory(device).peak_allocated - before;
   return result;
 }
 //! [measure-step]
@@ -97,18 +139,18 @@ StepMemory measure_step(Net& model, torch::optim::Optimizer& optimizer, std::int
 //! [free-empty]
 FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
   FreeFacts f;
-  course::synchronize(device);
-  f.allocated_before = course::memory_stats(device).allocated;
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  f.allocated_before = read_memory(device).allocated;
   {
     const torch::Tensor big = torch::empty({bytes / 4}, torch::TensorOptions().device(device));
-    f.allocated_with = course::memory_stats(device).allocated;
-    f.reserved_with = course::memory_stats(device).reserved;
+    f.allocated_with = read_memory(device).allocated;
+    f.reserved_with = read_memory(device).reserved;
   }  // `big` is freed here: its block goes back to the allocator...
-  f.allocated_after = course::memory_stats(device).allocated;
-  f.reserved_after_free = course::memory_stats(device).reserved;  // ...which keeps it (CUDA)
-  // TODO(lab 07.1): hand the allocator's unused cached blocks back to the driver
-  throw std::logic_error("lab 07.1 is not done: hand the allocator's unused cached blocks back to the driver");
-  f.reserved_after_empty = course::memory_stats(device).reserved;
+  f.allocated_after = read_memory(device).allocated;
+  f.reserved_after_free = read_memory(device).reserved;  // ...which keeps it (CUDA)
+  // TODO(lab 07.1): return the allocator's unused cached blocks to the driver (torch.cuda.empty_cache())
+  throw std::logic_error("lab 07.1 is not done: return the allocator's unused cached blocks to the driver (torch.cuda.empty_cache())");
+  f.reserved_after_empty = read_memory(device).reserved;
   return f;
 }
 //! [free-empty]
@@ -129,6 +171,45 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
 }
 //! [oom-loop]
 
+//! [smi-view]
+void show_smi_view(const torch::Device& device) {
+  if (!device.is_cuda()) {
+    std::cout << "\nnvidia-smi's view against the allocator's (skipped: needs CUDA)\n";
+    return;
+  }
+  const course::MemoryStats mine = read_memory(device);
+  const course::SmiView smi = course::smi_view(device);  // what nvidia-smi reads: NVML
+  if (!smi.available) {  // the driver's total and free, without the process list
+    const course::DeviceMemory dm = course::device_memory(device);
+    std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not << ")\n"
+              << "The driver's view (cudaMemGetInfo): " << mib(dm.total - dm.free) << " used of "
+              << mib(dm.total) << "; this process's allocator: " << mib(mine.reserved)
+              << " reserved, " << mib(mine.allocated) << " allocated\n";
+    return;
+  }
+  std::cout << "\nWhat nvidia-smi shows for " << device << ": " << mib(smi.used) << " used of "
+            << mib(smi.total) << ", by " << smi.processes.size() << " process(es):\n";
+  const course::GpuProcess* self = nullptr;
+  for (const course::GpuProcess& p : smi.processes) {
+    const bool me = p.pid == static_cast<unsigned>(getpid());
+    if (me) self = &p;
+    std::cout << "  pid " << p.pid << "  " << (p.bytes < 0 ? "(not reported)" : mib(p.bytes))
+              << "  " << p.name << (me ? "  <- this process" : "") << "\n";
+  }
+  std::cout << "This process's allocator: " << mib(mine.reserved) << " reserved, "
+            << mib(mine.allocated) << " allocated\n";
+  if (self != nullptr && self->bytes >= 0) {
+    std::cout << "  nvidia-smi counts " << mib(self->bytes - mine.reserved)
+              << " more for this process: its CUDA context (the kernels' code, the runtime's and "
+                 "the libraries' own memory). The rest of 'used' belongs to the other processes "
+                 "and the driver.\n";
+  } else {
+    std::cout << "  this process is not in the list with its memory: in a container NVML names "
+                 "processes by the host's process IDs, or the driver keeps the figure back\n";
+  }
+}
+//! [smi-view]
+
 }  // namespace lesson07
 
 int lesson_main(int argc, char** argv) {
@@ -148,7 +229,7 @@ int lesson_main(int argc, char** argv) {
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   train_step(model, optimizer, 8, device);  // Adam's state exists from here on
   const std::int64_t state = state_bytes(model, optimizer);
-  const course::MemoryStats after_first_step = course::memory_stats(device);
+  const course::MemoryStats after_first_step = read_memory(device);
   std::cout << "Model and optimizer state: " << mib(state)
             << " in tensors (parameters, gradients, Adam's two moments)\n"
             << "The allocator after the first step: " << course::describe(after_first_step) << "\n";
@@ -185,7 +266,7 @@ int lesson_main(int argc, char** argv) {
   std::cout << "\nA " << mib(kFreeBytes) << " tensor: allocated " << mib(f.allocated_before)
             << " -> " << mib(f.allocated_with) << " -> freed: " << mib(f.allocated_after)
             << "\n  reserved while alive " << mib(f.reserved_with) << ", after the free "
-            << mib(f.reserved_after_free) << ", after empty_cache " << mib(f.reserved_after_empty)
+            << mib(f.reserved_after_free) << ", after emptyCache " << mib(f.reserved_after_empty)
             << (device.is_cuda() ? "" : "  (the CPU has no cache: reserved = allocated)") << "\n";
   verdict.check(f.allocated_with - f.allocated_before >= kFreeBytes &&
                     f.allocated_after == f.allocated_before,
@@ -201,7 +282,7 @@ int lesson_main(int argc, char** argv) {
       start *= 2;
     }
   } else {
-    course::set_cpu_memory_budget(course::memory_stats(device).allocated + kCpuBudget);
+    course::set_cpu_memory_budget(read_memory(device).allocated + kCpuBudget);
     std::cout << "\nCPU memory budget: " << mib(kCpuBudget)
               << " above what is in use (the counting allocator enforces it)\n";
   }
@@ -218,18 +299,6 @@ int lesson_main(int argc, char** argv) {
                     std::to_string(attempts.back().batch));
 
   // ---- what nvidia-smi shows ----------------------------------------------------------------------
-  if (device.is_cuda()) {
-    const course::DeviceMemory dm = course::device_memory(device);
-    const auto stats = course::memory_stats(device);
-    std::cout << "\nThe driver's view (what nvidia-smi shows): " << mib(dm.total - dm.free)
-              << " used; the allocator's: " << mib(stats.reserved) << " reserved, "
-              << mib(stats.allocated) << " allocated.\n  Used beyond reserved: "
-              << mib(dm.total - dm.free - stats.reserved)
-              << ", this process's CUDA context (the kernels' code, the runtime's and the "
-                 "libraries' own memory) and any other process on the GPU. (cuBLAS's workspaces "
-                 "come from the allocator: they are inside reserved.)\n";
-  } else {
-    std::cout << "\nnvidia-smi's view against the allocator's (skipped: needs CUDA)\n";
-  }
+  show_smi_view(device);
   return verdict.finish("lesson 07 on " + device.str());
 }

@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "common/memory.h"  // defines: course::MemoryStats
+
 namespace lesson07 {
 
 // ---- knobs -----------------------------------------------------------------------------------
@@ -29,6 +31,12 @@ TORCH_MODULE(Net);
 /// Bytes in the tensors that make up the model's training state: parameters, their gradients
 /// and the optimizer's state (Adam: two moments per parameter).
 std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer);
+
+/// The memory of `device`: on CUDA the caching allocator's statistics, read with its own API; on
+/// the CPU the course's counting allocator (common/memory.h), which LibTorch does not have.
+course::MemoryStats read_memory(const torch::Device& device);
+/// Starts a new peak and allocation count (torch.cuda.reset_peak_memory_stats()).
+void reset_peak(const torch::Device& device);
 
 /// One training step on a random batch made on `device`: forward, loss, backward, Adam.
 void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
@@ -62,5 +70,9 @@ struct OomAttempt {
 /// a step fits (or the batch would drop below 1).
 std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& optimizer,
                                           std::int64_t start, const torch::Device& device);
+
+/// Prints what nvidia-smi shows for `device` (the driver's used and total, every process on the
+/// GPU with its memory) beside this process's allocator; on the CPU, that it is skipped.
+void show_smi_view(const torch::Device& device);
 
 }  // namespace lesson07
