@@ -41,7 +41,12 @@ Timing time_median(const std::function<void()>& work, const c10::Device& device,
     work();
     seconds.push_back(watch.seconds());
   }
+  return summarize(seconds);
+}
+
+Timing summarize(const std::vector<double>& seconds) {
   Timing timing;
+  if (seconds.empty()) return timing;
   timing.runs = static_cast<int>(seconds.size());
   timing.min_s = *std::min_element(seconds.begin(), seconds.end());
   timing.max_s = *std::max_element(seconds.begin(), seconds.end());

@@ -40,6 +40,8 @@ struct Timing {
 };
 Timing time_median(const std::function<void()>& work, const c10::Device& device, int warmup,
                    int runs);
+/// The median, fastest and slowest of timings already taken (all zero when there are none).
+Timing summarize(const std::vector<double>& seconds);
 
 /// How many ATen operators one call of `work` dispatches, on every thread (autograd runs a GPU's
 /// backward on threads of its own): counted with LibTorch's RecordFunction callbacks, nested

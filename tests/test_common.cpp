@@ -467,6 +467,19 @@ TEST(Timing, Median) {
   EXPECT_EQ(course::median({}), 0.0);
 }
 
+// Tests the summary of timings already taken: median, fastest, slowest, count; zeros for none.
+TEST(Timing, Summarize) {
+  const course::Timing t = course::summarize({0.3, 0.1, 0.2, 0.5});
+  EXPECT_EQ(t.runs, 4);
+  EXPECT_EQ(t.min_s, 0.1);
+  EXPECT_EQ(t.max_s, 0.5);
+  EXPECT_DOUBLE_EQ(t.median_s, 0.25);
+  const course::Timing none = course::summarize({});
+  EXPECT_EQ(none.runs, 0);
+  EXPECT_EQ(none.median_s, 0.0);
+  EXPECT_FALSE(course::looks_busy(none));
+}
+
 // Tests that under a StopOnInterrupt a SIGINT only sets the stop request (the process goes on),
 // that the next guard starts without one, and that the previous handler comes back afterwards.
 TEST(StopOnInterrupt, SigintBecomesAStopRequest) {

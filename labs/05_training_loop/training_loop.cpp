@@ -49,7 +49,7 @@
 #include "common/cli.h"     // defines: Cli, start_lesson
 #include "common/device.h"  // defines: cuda_device_count, why_no_cuda
 #include "common/interrupt.h"  // defines: StopOnInterrupt, stop_requested, Interrupted
-#include "common/timing.h"  // defines: Stopwatch, median
+#include "common/timing.h"  // defines: Stopwatch, summarize
 #include "common/verdict.h" // defines: Verdict
 
 namespace lesson05 {
@@ -671,12 +671,7 @@ course::Timing epoch_times(const RunResult& run) {
   for (size_t e = run.epochs.size() > 1 ? 1 : 0; e < run.epochs.size(); ++e) {
     seconds.push_back(run.epochs[e].seconds);
   }
-  course::Timing timing;
-  timing.runs = static_cast<int>(seconds.size());
-  timing.median_s = course::median(seconds);
-  timing.min_s = *std::min_element(seconds.begin(), seconds.end());
-  timing.max_s = *std::max_element(seconds.begin(), seconds.end());
-  return timing;
+  return course::summarize(seconds);
 }
 
 // ATen operators one step of each kind dispatches, on one batch of `data`.

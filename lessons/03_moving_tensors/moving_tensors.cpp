@@ -145,9 +145,8 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
   double results[3], seconds[3];
   bool busy = false;
   for (int w = 0; w < 3; ++w) {
-    results[w] = ways[w].sum(x);
-    const course::Timing t =
-        course::time_median([&] { ways[w].sum(x); }, device, /*warmup=*/1, kTimedRuns);
+    const course::Timing t = course::time_median([&] { results[w] = ways[w].sum(x); }, device,
+                                                 /*warmup=*/1, kTimedRuns);
     seconds[w] = t.median_s;
     busy = busy || course::looks_busy(t);
     std::printf("  %-34s %-34s = %.6f\n", ways[w].name, course::describe_ms(t).c_str(),

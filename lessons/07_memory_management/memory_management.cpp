@@ -143,11 +143,13 @@ FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
   f.allocated_before = read_memory(device).allocated;
   {
     const torch::Tensor big = torch::empty({bytes / 4}, torch::TensorOptions().device(device));
-    f.allocated_with = read_memory(device).allocated;
-    f.reserved_with = read_memory(device).reserved;
+    const course::MemoryStats with = read_memory(device);
+    f.allocated_with = with.allocated;
+    f.reserved_with = with.reserved;
   }  // `big` is freed here: its block goes back to the allocator...
-  f.allocated_after = read_memory(device).allocated;
-  f.reserved_after_free = read_memory(device).reserved;  // ...which keeps it (CUDA)
+  const course::MemoryStats after = read_memory(device);
+  f.allocated_after = after.allocated;
+  f.reserved_after_free = after.reserved;  // ...which keeps it (CUDA)
   // >>> lab: return the allocator's unused cached blocks to the driver (torch.cuda.empty_cache())
 #ifdef GPU_LESSONS_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();  // the CPU has no cache
