@@ -7,14 +7,16 @@
 #           'GPU_LESSONS_TORCH=2.11 scripts/setup.sh') or the Python named by GPU_LESSONS_PYTHON.
 #           Its LibTorch has CUDA: configure needs the CUDA toolkit of the same major version.
 #   auto    what the caller named (Torch_DIR, CMAKE_PREFIX_PATH), else an installed PyTorch >= 2
-#           (how GPU servers carry a CUDA LibTorch), else the system's.
+#           (GPU_LESSONS_PYTHON's, else python3's: how GPU servers carry a CUDA LibTorch), else
+#           the system's. A LibTorch named on the prefix path gets the Python whose torch owns it
+#           (gpu_lessons_python_for_prefix), whether or not that Python is on the PATH.
 # Sets Torch_* (find_package), GPU_LESSONS_CUDA, GPU_LESSONS_TORCH_ORIGIN and GPU_LESSONS_PYTHON_TORCH
 # (a Python whose torch is the same build as this LibTorch, for the tests and the yardstick; empty
 # when there is none).
 set(GPU_LESSONS_TORCH "auto" CACHE STRING "Which LibTorch to build against: auto, debian or 2.11")
 set_property(CACHE GPU_LESSONS_TORCH PROPERTY STRINGS auto debian 2.11)
 set(GPU_LESSONS_PYTHON "" CACHE FILEPATH
-    "Python whose PyTorch to use (2.11 flavour; default: .venv/bin/python of the project)")
+    "Python whose PyTorch to use (2.11: default .venv/bin/python of the project; auto: the one whose torch owns the LibTorch)")
 set(_flavours auto debian 2.11)
 if(NOT GPU_LESSONS_TORCH IN_LIST _flavours)
   message(FATAL_ERROR "GPU_LESSONS_TORCH='${GPU_LESSONS_TORCH}' is not a flavour.\n"
@@ -72,12 +74,31 @@ macro(gpu_lessons_find_python_torch)
   set(_python_torch ${_python})
 endmacro()
 
+# A Python named with GPU_LESSONS_PYTHON must be the one whose torch owns the LibTorch under
+# `prefix` (found as _python_torch): one Python for the lessons' LibTorch, the tests and the
+# yardstick, never two builds of torch side by side.
+macro(gpu_lessons_check_named_python prefix)
+  if(GPU_LESSONS_PYTHON AND NOT GPU_LESSONS_PYTHON STREQUAL _python_torch)
+    message(FATAL_ERROR "GPU_LESSONS_PYTHON is ${GPU_LESSONS_PYTHON}, and its torch is not the "
+      "LibTorch this build uses (${prefix}).\n"
+      "HINT: name the Python whose torch.utils.cmake_prefix_path is that folder, or leave "
+      "GPU_LESSONS_PYTHON unset")
+  endif()
+endmacro()
+
 # ---- the lookup ----------------------------------------------------------------------------------
 set(_python_torch "")
 if(GPU_LESSONS_TORCH_FOUND_AS AND Torch_DIR)
-  # A reconfigure: the LibTorch found the first time (Torch_DIR is cached), checked then.
+  # A reconfigure: the LibTorch found the first time (Torch_DIR is cached), checked then. Its
+  # Python is looked for again when there was none, or when another one is named now.
   find_package(Torch CONFIG REQUIRED)
   set(_python_torch "${GPU_LESSONS_PYTHON_TORCH}")
+  if(NOT Torch_DIR MATCHES "^/usr/" AND (NOT _python_torch OR
+     (GPU_LESSONS_PYTHON AND NOT GPU_LESSONS_PYTHON STREQUAL _python_torch)))
+    get_filename_component(_torch_prefix "${Torch_DIR}/.." ABSOLUTE)
+    gpu_lessons_python_for_prefix("${_torch_prefix}" _python_torch)
+    gpu_lessons_check_named_python("${_torch_prefix}")
+  endif()
 elseif(GPU_LESSONS_TORCH STREQUAL "debian")
   gpu_lessons_find_system_torch()
   set(GPU_LESSONS_TORCH_ORIGIN "Debian's libtorch-dev")
@@ -128,9 +149,19 @@ else()  # auto
     get_filename_component(_torch_prefix "${_torch_config_dir}/.." ABSOLUTE)
     gpu_lessons_find_torch_in("${_torch_prefix}" "${_cuda}")
     set(GPU_LESSONS_TORCH_ORIGIN "Torch_DIR / CMAKE_PREFIX_PATH")
+    if(Torch_FOUND)
+      # The Python whose torch this is (a GPU server's venv that is not active, say): the
+      # yardstick and the tests that read Python's files need that one, not python3 on the PATH.
+      gpu_lessons_python_for_prefix("${_torch_prefix}" _python_torch)
+      gpu_lessons_check_named_python("${_torch_prefix}")
+    endif()
   endif()
   if(NOT Torch_FOUND)
-    find_program(_python NAMES python3 python NO_CACHE)
+    if(GPU_LESSONS_PYTHON)
+      set(_python "${GPU_LESSONS_PYTHON}")
+    else()
+      find_program(_python NAMES python3 python NO_CACHE)
+    endif()
     if(_python)
       gpu_lessons_query_python_torch(${_python} _ok _version _cuda _prefix)
       if(_ok AND _version VERSION_GREATER_EQUAL 2)

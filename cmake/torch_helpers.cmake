@@ -79,3 +79,37 @@ function(gpu_lessons_torch_dir_cuda config_dir out)
   set(${out} "${_cuda}" PARENT_SCOPE)
 endfunction()
 
+
+# The Python whose torch owns the LibTorch config under `prefix` (torch.utils.cmake_prefix_path of
+# a wheel: .../site-packages/torch/share/cmake), or "" when none is found. Tried in turn: the
+# Python named by GPU_LESSONS_PYTHON, the one in the environment that holds the wheel
+# (<env>/bin/python3 for <env>/lib/pythonX.Y/site-packages/torch), python3 on the PATH. A Python
+# counts only when its torch.utils.cmake_prefix_path is `prefix` itself, so that the tests and the
+# yardstick never run another torch build than the lessons link.
+function(gpu_lessons_python_for_prefix prefix out)
+  set(${out} "" PARENT_SCOPE)
+  file(REAL_PATH "${prefix}" _want)
+  set(_candidates "")
+  if(GPU_LESSONS_PYTHON)
+    list(APPEND _candidates "${GPU_LESSONS_PYTHON}")
+  endif()
+  if(_want MATCHES "^(.*)/lib/python[0-9.]+/site-packages/torch/share/cmake$")
+    list(APPEND _candidates "${CMAKE_MATCH_1}/bin/python3" "${CMAKE_MATCH_1}/bin/python")
+  endif()
+  find_program(_path_python NAMES python3 python NO_CACHE)
+  if(_path_python)
+    list(APPEND _candidates "${_path_python}")
+  endif()
+  foreach(_python IN LISTS _candidates)
+    if(EXISTS "${_python}")
+      gpu_lessons_query_python_torch("${_python}" _ok _version _cuda _prefix)
+      if(_ok)
+        file(REAL_PATH "${_prefix}" _have)
+        if(_have STREQUAL _want)
+          set(${out} "${_python}" PARENT_SCOPE)
+          return()
+        endif()
+      endif()
+    endif()
+  endforeach()
+endfunction()

@@ -1,13 +1,31 @@
 #!/bin/sh
-# gpu_pass.sh ROOT BUILD: scripts/gpu-pass rehearsed on the CPU (--device cpu --quick) with this
-# build, into a temporary folder; then its summary and tarball are checked: every step passed or
-# was waived, and the tarball holds a transcript of each lesson, benchmark JSON and the plots.
+# gpu_pass.sh ROOT BUILD PYTHON: scripts/gpu-pass rehearsed on the CPU (--device cpu --quick)
+# with PYTHON (the one whose torch BUILD links), as a GPU server runs it:
+# - first its configure stage in a fresh folder, with the LibTorch found only through the prefix
+#   path the pass hands CMake and PYTHON not on the PATH: configure must find PYTHON there;
+# - then the whole pass with this build, into a temporary folder; its summary and tarball are
+#   checked: every step passed or was waived, and the tarball holds a transcript of each lesson,
+#   benchmark JSON and the plots.
 # Also: what the pass refuses (no GPU with --device cuda, a PyTorch without CUDA) exits 2 with a
-# HINT.
+# HINT. Exit 77 (skipped) when BUILD has no Python with its torch.
 set -u
-root=$1; build=$2
+root=$1; build=$2; python=${3:-}
+if [ -z "$python" ]; then
+  echo "skipped: $build has no Python whose torch is its LibTorch (configure said so)"; exit 77
+fi
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 fail() { echo "FAILED: $*"; cat "$out/summary.txt" 2>/dev/null; exit 1; }
+export GPU_PASS_PYTHON="$python"
+# The PATH without PYTHON's virtual environment: a server's venv is not active either.
+if [ -f "$(dirname "$python")/activate" ]; then
+  PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$(dirname "$python")" | paste -sd: -)
+fi
+
+"$root/scripts/gpu-pass" "$out/fresh" --stage configure --device cpu --build-dir "$out/fresh-build"; rc=$?
+[ $rc -eq 0 ] || { cat "$out/fresh/summary.txt"; echo "FAILED: configure in a fresh folder exited $rc"; exit 1; }
+found=$(sed -n 's/^GPU_LESSONS_PYTHON_TORCH:INTERNAL=//p' "$out/fresh-build/CMakeCache.txt")
+[ "$found" = "$python" ] || fail "a fresh configure found the Python '$found', not $python"
+rm -rf "$out/fresh-build"
 
 "$root/scripts/gpu-pass" "$out/pass" --device cpu --quick --build-dir "$build"; rc=$?
 [ $rc -eq 0 ] || fail "gpu-pass exited $rc"
