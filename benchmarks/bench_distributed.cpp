@@ -101,7 +101,7 @@ void step(benchmark::State& state, bool cuda) {
   if (!cuda) at::set_num_threads(1);  // one core per rank
   auto group = group_for(state, device);
   const std::int64_t batch = state.range(0);
-  lesson05::Trainer t = lesson05::make_trainer(device, lesson09::kSeed);
+  lesson11::Trainer t = lesson11::make_trainer(device, lesson09::kSeed);
   lesson09::broadcast_parameters(*group, t.flat.values);
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);

@@ -1,7 +1,8 @@
-// bench_training: lesson 05's training step (the tutorial's against the flat one) and epoch (both
-// loaders; the textbook loader with 0, 1 and 2 worker threads) on the CPU and the GPU, batch sizes
-// 64..4096, in samples per second; on the GPU also the step eager against captured in a CUDA graph
-// (batch 64 and 1024). GPU timings synchronize before reading the clock.
+// bench_training: lesson 05's epoch (the tutorial's loop on LibTorch's data loader, 0 and 2
+// workers) beside lesson 11's faster forms: its training step (the tutorial's against the flat
+// one) and epoch (both loaders; the textbook loader with 0, 1 and 2 worker threads) on the CPU and
+// the GPU, batch sizes 64..4096, in samples per second; on the GPU also the step eager against
+// captured in a CUDA graph (batch 64 and 1024). GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
 // The epoch benchmarks read Fashion-MNIST (--data-dir is not a benchmark flag: set
@@ -10,7 +11,10 @@
 
 #include "bench.h"
 #include "common/data.h"
-#include "training_loop.h"
+#include "fast_training_loop.h"
+// Lesson 05 is one file with its own main(): its functions, without the main.
+#define GPU_LESSONS_NO_MAIN
+#include "training_loop.cpp"
 
 namespace {
 
@@ -43,18 +47,18 @@ void train_step(benchmark::State& state, const c10::Device& device) {
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);
   const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  const auto loss = [&](lesson05::Mlp& model) {
+  const auto loss = [&](lesson11::Mlp& model) {
     return torch::nn::functional::cross_entropy(model->forward(images), labels);
   };
   if (flat) {
-    lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
+    lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
     bench::run_timed(state, device, [&] {
       trainer.flat.gradients.zero_();
       loss(trainer.model).backward();
       trainer.optimizer->step();
     });
   } else {
-    lesson05::TextbookTrainer trainer = lesson05::make_textbook_trainer(device, lesson05::kSeed);
+    lesson11::TextbookTrainer trainer = lesson11::make_textbook_trainer(device, lesson11::kSeed);
     bench::run_timed(state, device, [&] {
       trainer.optimizer->zero_grad();
       loss(trainer.model).backward();
@@ -80,17 +84,17 @@ void BM_DeviceAdamStepCuda(benchmark::State& state) {
   if (!bench::gpu_or_skip(state, device)) return;
   const bool graphed = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
-  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
-  lesson05::DeviceAdam adam(trainer.flat, lesson05::kLearningRate);
-  lesson05::GraphedStep graph(trainer.model, trainer.flat, adam, batch, device);
+  lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
+  lesson11::DeviceAdam adam(trainer.flat, lesson11::kLearningRate);
+  lesson11::GraphedStep graph(trainer.model, trainer.flat, adam, batch, device);
   graph.batch.images.copy_(torch::rand({batch, 784}));
   graph.batch.labels.copy_(torch::randint(10, {batch}, torch::kLong));
   if (graphed) {
-    for (int i = 0; i <= lesson05::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
+    for (int i = 0; i <= lesson11::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
     bench::run_timed(state, device, [&] { graph.step(); });
   } else {
     bench::run_timed(state, device, [&] {
-      lesson05::device_adam_step(trainer.model, trainer.flat, adam, graph.batch.images,
+      lesson11::device_adam_step(trainer.model, trainer.flat, adam, graph.batch.images,
                                  graph.batch.labels);
     });
   }
@@ -103,10 +107,10 @@ void epoch(benchmark::State& state, const c10::Device& device, const std::string
            std::int64_t batch, int workers) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  lesson05::TextbookTrainer trainer = lesson05::make_textbook_trainer(device, lesson05::kSeed);
-  auto loader = lesson05::make_loader(loader_name, *data, batch, device, workers);
+  lesson11::TextbookTrainer trainer = lesson11::make_textbook_trainer(device, lesson11::kSeed);
+  auto loader = lesson11::make_loader(loader_name, *data, batch, device, workers);
   bench::run_timed(state, device,
-                   [&] { lesson05::train_epoch_textbook(trainer, *loader, device); });
+                   [&] { lesson11::train_epoch_textbook(trainer, *loader, device); });
   state.SetLabel(loader_name);
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =
@@ -124,6 +128,29 @@ void BM_EpochWorkersCpu(benchmark::State& state) {
   epoch(state, torch::kCPU, "batches", state.range(1), static_cast<int>(state.range(0)));
 }
 
+// ---- one epoch of lesson 05's loop: LibTorch's data loader (RandomSampler, Stack<>, workers) ---
+void tutorial_epoch(benchmark::State& state, const c10::Device& device) {
+  const course::ImageSet* data = train_set(state);
+  if (data == nullptr) return;
+  torch::manual_seed(lesson05::kSeed);
+  lesson05::ANN model;
+  model->to(device);
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(),
+                               torch::optim::AdamOptions(lesson05::kLearningRate));
+  auto loader = lesson05::make_train_loader(course::FashionMNIST(*data), state.range(1),
+                                            static_cast<int>(state.range(0)));
+  bench::run_timed(state, device,
+                   [&] { lesson05::train_epoch(model, *loader, criterion, optimizer, device); });
+  state.SetLabel("data loader");
+  state.SetItemsProcessed(state.iterations() * data->labels.size(0));
+}
+void BM_TutorialEpochCpu(benchmark::State& state) { tutorial_epoch(state, torch::kCPU); }
+void BM_TutorialEpochCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) tutorial_epoch(state, device);
+}
+
 void BM_EpochCpu(benchmark::State& state) { epoch(state, torch::kCPU); }
 void BM_EpochCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
@@ -138,6 +165,10 @@ BENCHMARK(BM_TrainStepCuda)->ArgNames({"flat", "batch"})->ArgsProduct({{0, 1}, {
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DeviceAdamStepCuda)->ArgNames({"graphed", "batch"})->ArgsProduct({{0, 1}, {64, 1024}})
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TutorialEpochCpu)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 2}, {64}})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TutorialEpochCuda)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 2}, {64}})
+    ->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EpochCpu)->ArgNames({"resident", "batch"})
     ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EpochWorkersCpu)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 1, 2}, {64}})

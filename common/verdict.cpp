@@ -76,6 +76,14 @@ int Verdict::finish(const std::string& summary) const {
 int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv) {
   try {
     return lesson_main(argc, argv);
+  } catch (...) {
+    return report_error();
+  }
+}
+
+int report_error() {
+  try {
+    throw;
   } catch (const Interrupted& stop) {
     std::cout << "stopped (Ctrl-C): " << stop.what() << std::endl;
     return kExitInterrupted;
@@ -85,6 +93,10 @@ int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv) {
   } catch (const std::exception& error) {
     const std::string message = error_message(error);
     print_error(message, hint_for(message));
+    std::cout << "RESULT: FAIL stopped by the error above" << std::endl;
+    return kExitFail;
+  } catch (...) {
+    print_error("an exception that is not a std::exception", hint_for(""));
     std::cout << "RESULT: FAIL stopped by the error above" << std::endl;
     return kExitFail;
   }

@@ -60,6 +60,11 @@ class Verdict {
   std::string waived_;
 };
 
+/// Called in a catch block (a lesson's `int main(...) try { ... } catch (...)`): reports the
+/// error being handled as run_lesson() does and returns the exit code that agrees (2 for a
+/// CourseError with its HINT, 130 for Ctrl-C, 1 with "RESULT: FAIL" for any other error).
+int report_error();
+
 /// Runs a lesson's main: errors that teach (CourseError) exit 2 with their HINT; a loop stopped
 /// by Ctrl-C (Interrupted, common/interrupt.h) prints what it did and exits 130; any other error
 /// prints its message without the backtrace, with hint_for()'s HINT, and ends with RESULT: FAIL.

@@ -1,361 +1,231 @@
-// Tests of lesson 05: the loaders, the flat parameters, the training loop and its accuracy.
-#include <set>
-
+// Tests of lesson 05: the tutorial's model, LibTorch's data loader over Fashion-MNIST, the loop's
+// moves and evaluation without a graph, and the accuracy the lesson's verdict promises.
+#include <ATen/record_function.h>  // defines: at::addThreadLocalCallback (watching the operators)
 #include <gtest/gtest.h>
 
-#include "common/compare.h"
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "move_asked.h"
-#include "training_loop.h"
+#include "training_loop.cpp"
 
 namespace {
 
-// A dataset whose first pixel holds the sample's index, so a batch says which samples it has.
-course::ImageSet numbered(std::int64_t n) {
-  course::ImageSet data;
-  data.images = torch::zeros({n, 28, 28});
-  data.images.select(2, 0).select(1, 0).copy_(torch::arange(n, torch::kFloat));
-  data.labels = torch::arange(n, torch::kLong).remainder(10);
-  return data;
+// `n` samples whose pixels all equal their index and whose label is index % 10.
+course::FashionMNIST numbered(std::int64_t n) {
+  const torch::Tensor index = torch::arange(n, torch::kFloat);
+  return course::FashionMNIST(
+      course::ImageSet{index.view({n, 1, 1}).expand({n, 28, 28}).contiguous(),
+                       torch::arange(n, torch::kLong).remainder(10)});
 }
 
-// The sample indices one epoch of `loader` yields, in order.
-std::vector<std::int64_t> one_epoch(lesson05::Loader& loader) {
-  std::vector<std::int64_t> seen;
-  lesson05::Batch batch;
-  loader.start_epoch();
-  while (loader.next(batch)) {
-    const torch::Tensor ids = batch.images.select(1, 0).to(torch::kCPU).to(torch::kLong);
-    EXPECT_TRUE(torch::equal(ids.remainder(10), batch.labels.to(torch::kCPU)));
-    for (std::int64_t i = 0; i < ids.size(0); ++i) seen.push_back(ids[i].item<std::int64_t>());
+// What the ATen operators that `work` dispatches on this thread did: how many of each name ran,
+// and how many ran with gradient recording on (an operator that records a graph).
+struct OperatorLog {
+  std::map<std::string, int> calls;
+  int recording = 0;
+  int total = 0;
+};
+OperatorLog watch_operators(const std::function<void()>& work) {
+  static thread_local OperatorLog* log = nullptr;
+  OperatorLog result;
+  log = &result;
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        ++log->calls[fn.name()];
+        ++log->total;
+        if (c10::GradMode::is_enabled()) ++log->recording;
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  work();
+  at::removeCallback(handle);
+  log = nullptr;
+  return result;
+}
+
+// The labels of one epoch of the train loader, in the order it gives them.
+std::vector<std::int64_t> epoch_labels(std::int64_t n, std::int64_t batch, int workers) {
+  torch::manual_seed(lesson05::kSeed);
+  auto loader = lesson05::make_train_loader(numbered(n), batch, workers);
+  std::vector<std::int64_t> labels;
+  for (auto& b : *loader) {
+    for (std::int64_t i = 0; i < b.target.size(0); ++i) {
+      // The pixel value is the sample's index: it names the sample exactly.
+      labels.push_back(static_cast<std::int64_t>(b.data[i][0][0][0].item<float>()));
+    }
   }
-  return seen;
+  return labels;
 }
 
-void expect_each_sample_once(const std::string& name, const torch::Device& device) {
-  constexpr std::int64_t kN = 1000;  // not a multiple of the batch size: a short last batch
+}  // namespace
+
+// Tests that the model has the tutorial's layers under the tutorial's names, so that a state_dict
+// Python's ANN saves has the same keys and shapes.
+TEST(ANN, TheTutorialsLayersAndNames) {
+  lesson05::ANN model;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  const std::map<std::string, std::vector<std::int64_t>> expected = {
+      {"fc1.weight", {128, 784}}, {"fc1.bias", {128}},      {"fc2.weight", {64, 128}},
+      {"fc2.bias", {64}},         {"out.weight", {10, 64}}, {"out.bias", {10}}};
+  EXPECT_EQ(shapes, expected);
+}
+
+// Tests that forward flattens ToTensor's [B, 1, 28, 28] and returns one logit per class.
+TEST(ANN, ForwardGivesTenLogitsPerImage) {
+  lesson05::ANN model;
+  EXPECT_EQ(model->forward(torch::rand({3, 1, 28, 28})).sizes(),
+            (std::vector<std::int64_t>{3, 10}));
+}
+
+// Tests that the train loader gives batches in ToTensor's layout, every sample once per epoch, in
+// a random order (not the dataset's).
+TEST(Loaders, TrainLoaderGivesEverySampleOnceInRandomOrder) {
   torch::manual_seed(1);
-  auto loader = lesson05::make_loader(name, numbered(kN), /*batch_size=*/64, device);
-  EXPECT_EQ(loader->name(), name);
-  EXPECT_EQ(loader->size(), kN);
-  const auto first = one_epoch(*loader);
-  const auto second = one_epoch(*loader);
-  ASSERT_EQ(first.size(), static_cast<size_t>(kN));
-  EXPECT_EQ(std::set<std::int64_t>(first.begin(), first.end()).size(), static_cast<size_t>(kN));
-  EXPECT_EQ(*std::min_element(first.begin(), first.end()), 0);
-  EXPECT_EQ(*std::max_element(first.begin(), first.end()), kN - 1);
-  EXPECT_NE(first, second) << "each epoch must be shuffled anew";
-}
-
-double mean_loss(lesson05::Mlp& model, const course::ImageSet& data) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  const auto device = model->parameters().front().device();
-  return torch::nn::functional::cross_entropy(
-             model->forward(data.images.reshape({-1, 784}).to(device)), data.labels.to(device))
-      .item<double>();
-}
-
-}  // namespace
-
-// Tests that both loaders yield every sample exactly once per epoch, reshuffled each epoch.
-TEST(Loaders, EverySampleOncePerEpoch) {
-  expect_each_sample_once("batches", torch::kCPU);
-  expect_each_sample_once("resident", torch::kCPU);
-}
-
-// Tests that an unknown loader or run name is a usage error.
-TEST(Loaders, UnknownNameIsUsageError) {
-  EXPECT_THROW(lesson05::make_loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
-  EXPECT_THROW(lesson05::train_and_evaluate(numbered(10), numbered(10), "batches", 1, 4,
-                                            torch::kCPU, 1),
-               course::UsageError);
-}
-
-// Tests that flattening keeps the values and routes every gradient into the flat buffer.
-TEST(FlattenParameters, ParametersAndGradientsLiveInFlatBuffers) {
-  torch::manual_seed(3);
-  lesson05::Mlp model;
-  std::vector<torch::Tensor> before;
-  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
-  const lesson05::FlatParameters flat = lesson05::flatten_parameters(*model);
-  EXPECT_EQ(flat.values.numel(), 784 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10);
-  const auto* begin = flat.values.data_ptr<float>();
-  const auto params = model->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(torch::equal(params[i], before[i]));
-    const auto* data = params[i].data_ptr<float>();
-    EXPECT_TRUE(data >= begin && data < begin + flat.values.numel());
+  auto loader = lesson05::make_train_loader(numbered(100), 64, /*workers=*/0);
+  std::vector<std::int64_t> sizes;
+  for (auto& b : *loader) {
+    EXPECT_EQ(b.data.sizes().slice(1), (std::vector<std::int64_t>{1, 28, 28}));
+    EXPECT_EQ(b.data.scalar_type(), torch::kFloat);
+    EXPECT_EQ(b.target.scalar_type(), torch::kLong);
+    sizes.push_back(b.data.size(0));
   }
-  model->forward(torch::rand({8, 784})).sum().backward();
-  EXPECT_GT(flat.gradients.abs().sum().item<double>(), 0.0);
-  for (const auto& p : params) {
-    EXPECT_TRUE(torch::equal(p.grad().reshape(-1),
-                             flat.gradients.slice(0, p.data_ptr<float>() - begin,
-                                                  p.data_ptr<float>() - begin + p.numel())));
-  }
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{64, 36}));
+  std::vector<std::int64_t> seen = epoch_labels(100, 64, 0);
+  std::vector<std::int64_t> in_order(100);
+  for (std::int64_t i = 0; i < 100; ++i) in_order[static_cast<size_t>(i)] = i;
+  EXPECT_NE(seen, in_order);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, in_order);
 }
 
-// Tests that the flat Adam step equals LibTorch's Adam over the separate parameters.
-TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
-  auto run = [](bool flat) {
-    torch::manual_seed(4);
-    lesson05::Mlp model;
-    lesson05::FlatParameters buffers;
-    std::unique_ptr<torch::optim::Adam> adam;
-    if (flat) {
-      buffers = lesson05::flatten_parameters(*model);
-      adam = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{buffers.values},
-                                                  torch::optim::AdamOptions(lesson05::kLearningRate));
-    } else {
-      adam = std::make_unique<torch::optim::Adam>(model->parameters(),
-                                                  torch::optim::AdamOptions(lesson05::kLearningRate));
-    }
-    torch::manual_seed(5);
-    for (int step = 0; step < 5; ++step) {
-      if (flat) buffers.gradients.zero_(); else adam->zero_grad();
-      const torch::Tensor x = torch::rand({16, 784});
-      const torch::Tensor y = torch::randint(10, {16});
-      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-      adam->step();
-    }
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    return out;
-  };
-  const auto flat = run(true), separate = run(false);
-  for (size_t i = 0; i < flat.size(); ++i) {
-    EXPECT_LT(course::max_abs_diff(flat[i], separate[i]), 1e-6) << i;
-  }
-}
-
-// ---- Adam with its step count on the device (what a CUDA graph can capture) ----------------------
-namespace {
-
-// A flat parameter tensor and its gradient, as flatten_parameters leaves them.
-lesson05::FlatParameters flat_copy(const torch::Tensor& values) {
-  lesson05::FlatParameters flat;
-  flat.values = values.clone();
-  flat.gradients = torch::zeros_like(values);
-  flat.values.mutable_grad() = flat.gradients;
-  return flat;
-}
-
-// DeviceAdam and torch::optim::Adam fed the same gradients for `steps` steps, on `device`: the
-// largest difference between their parameters, and between their second moments.
-std::pair<double, double> device_adam_against_libtorch(const torch::Device& device, int steps) {
-  torch::manual_seed(21);
-  const auto on = torch::TensorOptions().device(device);
-  const torch::Tensor start = torch::randn({4096}, on) * 0.1;
-  lesson05::FlatParameters mine = flat_copy(start), theirs = flat_copy(start);
-  lesson05::DeviceAdam device_adam(mine, lesson05::kLearningRate);
-  torch::optim::Adam adam(std::vector<torch::Tensor>{theirs.values},
-                          torch::optim::AdamOptions(lesson05::kLearningRate));
-  for (int step = 0; step < steps; ++step) {
-    // Gradients of every size, a tenth of them exactly zero, independent of the parameters: any
-    // difference comes from the two optimizers, not from training feeding it back.
-    const torch::Tensor g = torch::randn({4096}, on) * torch::pow(10.0, torch::randint(-6, 1, {4096}, on))
-                            * (torch::rand({4096}, on) > 0.1);
-    mine.gradients.copy_(g);
-    theirs.gradients.copy_(g);
-    device_adam.step();
-    adam.step();
-  }
-  EXPECT_EQ(adam.state().size(), 1u);  // one parameter: the flat tensor
-  const auto& state =
-      static_cast<const torch::optim::AdamParamState&>(*adam.state().begin()->second);
-  EXPECT_EQ(state.step(), steps);
-  EXPECT_EQ(device_adam.steps().item<double>(), steps);
-  return {course::max_abs_diff(mine.values, theirs.values),
-          course::max_abs_diff(device_adam.exp_avg_sq(), state.exp_avg_sq())};
-}
-
-}  // namespace
-
-// Tests that Adam with its step count and bias corrections on the device takes the same 1,000
-// steps as LibTorch's Adam: parameters within 1e-6 (they move by up to 1 in all; each step may
-// round its last bit differently, since the device version folds lr / bias1 into the divisor),
-// second moments equal.
-TEST(DeviceAdam, SameStepsAsLibTorchsAdamOnCpu) {
-  const auto [values, moments] = device_adam_against_libtorch(torch::kCPU, 1000);
-  EXPECT_LE(values, 1e-6);
-  EXPECT_EQ(moments, 0.0);
-}
-
-// Tests that a CUDA graph needs a CUDA device: a clear error, not a crash.
-TEST(GraphedStep, NeedsCuda) {
-  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, 1);
-  lesson05::DeviceAdam adam(trainer.flat, lesson05::kLearningRate);
-  EXPECT_THROW(lesson05::GraphedStep(trainer.model, trainer.flat, adam, 64, torch::kCPU),
-               course::CourseError);
-}
-
-// ---- with Fashion-MNIST ------------------------------------------------------------------------
-// Tests that one epoch on a fixed subset lowers the loss on that subset.
-TEST_F(FashionMnistTest, OneEpochReducesLoss) {
-  const course::ImageSet subset = lesson05::take(train(), 5000);
-  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, lesson05::kSeed);
-  const double before = mean_loss(trainer.model, subset);
-  auto loader = lesson05::make_loader("resident", subset, lesson05::kBatchSize, torch::kCPU);
-  const auto stats = lesson05::train_epoch(trainer, *loader, torch::kCPU);
-  EXPECT_EQ(stats.samples, 5000);
-  EXPECT_LT(mean_loss(trainer.model, subset), 0.6 * before);
-}
-
-// Tests that on the CPU the same seed gives identical results, whichever loader is used, with or
-// without worker threads gathering the batches.
-TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
-  const course::ImageSet subset = lesson05::take(train(), 3000);
-  const course::ImageSet eval = lesson05::take(test(), 1000);
-  const auto a = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
-  const auto b = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
-  const auto c = lesson05::train_and_evaluate(subset, eval, "textbook", 2, 64, torch::kCPU, 11);
-  const auto d = lesson05::train_and_evaluate(subset, eval, "textbook", 2, 64, torch::kCPU, 11,
-                                              false, /*workers=*/2);
-  for (size_t e = 0; e < a.epochs.size(); ++e) {
-    EXPECT_EQ(a.epochs[e].mean_loss, b.epochs[e].mean_loss);
-    EXPECT_EQ(a.epochs[e].mean_loss, c.epochs[e].mean_loss);
-    EXPECT_EQ(a.epochs[e].mean_loss, d.epochs[e].mean_loss);
-  }
-  EXPECT_EQ(a.accuracy, b.accuracy);
-  EXPECT_EQ(a.accuracy, c.accuracy);
-  EXPECT_EQ(a.accuracy, d.accuracy);
-}
-
-// Tests the lesson's "going faster" step: the flat parameters train as the tutorial's loop does
-// (Adam over model->parameters(), zero_grad()), epoch by epoch, from the same seed.
-TEST_F(FashionMnistTest, FlatStepTrainsAsTheTextbookLoop) {
-  const course::ImageSet subset = lesson05::take(train(), 3000);
-  const course::ImageSet eval = lesson05::take(test(), 1000);
-  const auto textbook = lesson05::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 7);
-  const auto flat = lesson05::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
-  for (size_t e = 0; e < textbook.epochs.size(); ++e) {
-    EXPECT_LE(std::abs(flat.epochs[e].mean_loss - textbook.epochs[e].mean_loss) /
-                  textbook.epochs[e].mean_loss,
-              lesson05::kFlatTolerance);
-  }
-  EXPECT_NEAR(flat.accuracy, textbook.accuracy, 0.01);
-}
-
-// Tests the mistake of mixing the two: zero_grad() on a flattened model's parameters leaves their
-// gradients outside the flat tensor (2.x sets them to none), and the flat epoch says so instead of
-// training on gradients Adam never sees.
-TEST(FlattenParameters, ZeroGradOnAFlattenedModelIsACourseError) {
-  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, 1);
-  trainer.model->zero_grad(/*set_to_none=*/true);
-  auto loader = lesson05::make_loader("resident", numbered(100), 64, torch::kCPU);
-  try {
-    lesson05::train_epoch(trainer, *loader, torch::kCPU);
-    ADD_FAILURE() << "trained with gradients outside the flat tensor";
-  } catch (const course::CourseError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_grad()"), std::string::npos) << e.what();
-    EXPECT_NE(e.hint().find("flat.gradients.zero_()"), std::string::npos) << e.hint();
-  }
-}
-
-// Tests that worker threads gathering the batches change nothing but who gathers: the same
-// samples in the same order, epoch after epoch, also when an epoch is left half-way.
+// Tests that worker threads load the same batches in the same order as the main thread does.
 TEST(Loaders, WorkersGiveTheSameBatchesInTheSameOrder) {
-  torch::manual_seed(9);
-  auto plain = lesson05::make_batches_loader(numbered(1000), 64, torch::kCPU, /*workers=*/0);
-  const auto first = one_epoch(*plain), second = one_epoch(*plain);
-  for (const int workers : {1, 2, 3}) {
-    torch::manual_seed(9);
-    auto threaded = lesson05::make_batches_loader(numbered(1000), 64, torch::kCPU, workers);
-    lesson05::Batch batch;
-    threaded->start_epoch();  // an epoch left after one batch, as a `break` leaves it:
-    ASSERT_TRUE(threaded->next(batch));  // its workers stop, the next epoch starts afresh
-    torch::manual_seed(9);
-    EXPECT_EQ(one_epoch(*threaded), first) << workers << " workers";
-    EXPECT_EQ(one_epoch(*threaded), second) << workers << " workers";
+  const auto plain = epoch_labels(1000, 64, 0);
+  EXPECT_EQ(epoch_labels(1000, 64, 2), plain);
+  EXPECT_EQ(epoch_labels(1000, 64, 4), plain);
+}
+
+// Tests that the test loader keeps the dataset's order.
+TEST(Loaders, TestLoaderKeepsTheOrder) {
+  auto loader = lesson05::make_test_loader(numbered(100), 64);
+  std::int64_t next = 0;
+  for (auto& b : *loader) {
+    for (std::int64_t i = 0; i < b.target.size(0); ++i, ++next) {
+      EXPECT_EQ(b.data[i][0][0][0].item<float>(), static_cast<float>(next));
+    }
   }
+  EXPECT_EQ(next, 100);
 }
 
-// Tests the moves where a CPU can see them: make_textbook_trainer asks for the model's move
-// (move_asked.h), and the textbook loader copies every batch to the device it is given (a plain
-// tensor can go to the meta device, which stands in for a GPU here).
-TEST(Moves, TrainerAndBatchesGoToTheDevice) {
-  expect_move_asked([](const c10::Device& device) {
-    (void)lesson05::make_textbook_trainer(device, lesson05::kSeed);
-  }, "make_textbook_trainer");
-  const torch::Device meta(torch::kMeta);
-  auto loader = lesson05::make_batches_loader(numbered(100), 64, meta, /*workers=*/0);
-  lesson05::Batch batch;
-  loader->start_epoch();
-  ASSERT_TRUE(loader->next(batch));
-  EXPECT_EQ(batch.images.device(), meta) << "the batch's images stayed on the host: copy them "
-                                            "with .to(device)";
-  EXPECT_EQ(batch.labels.device(), meta) << "the batch's labels stayed on the host: copy them "
-                                            "with .to(device)";
+// Tests the moves where a CPU can see them: each step of the loop asks for its batch's features
+// and labels on the device (two aten::to calls a batch; on the CPU they copy nothing).
+TEST(Moves, EachBatchGoesToTheDevice) {
+  torch::manual_seed(lesson05::kSeed);
+  lesson05::ANN model;
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(),
+                               torch::optim::AdamOptions(lesson05::kLearningRate));
+  auto loader = lesson05::make_train_loader(numbered(256), 64, /*workers=*/0);
+  const OperatorLog log = watch_operators(
+      [&] { lesson05::train_epoch(model, *loader, criterion, optimizer, torch::kCPU); });
+  EXPECT_GE(log.calls.count("aten::to") ? log.calls.at("aten::to") : 0, 2 * 4)
+      << "a batch's features or labels stayed on the host: copy them with .to(device) in the loop";
 }
 
-// Tests the lesson's verdict: the default run (5 epochs, batch 64, all 60,000 images) reaches
-// the accuracy bar. About 3 seconds on 2 cores.
+// Tests that evaluation builds no graph: no operator of evaluate() runs with gradient recording
+// on (NoGradGuard), and the model is left in eval mode.
+TEST(Evaluate, RecordsNoGraph) {
+  lesson05::ANN model;
+  auto loader = lesson05::make_test_loader(numbered(100), 64);
+  const OperatorLog log = watch_operators([&] { lesson05::evaluate(model, *loader, torch::kCPU); });
+  EXPECT_GT(log.total, 0);
+  EXPECT_EQ(log.recording, 0) << "evaluation recorded a graph: turn gradient recording off with "
+                                 "a torch::NoGradGuard";
+  EXPECT_FALSE(model->is_training());
+}
+
+// Tests that evaluate() counts with torch::max: a model whose logits favour each sample's own
+// label scores 1, one that favours another class scores 0.
+TEST(Evaluate, AccuracyIsTheShareOfRightAnswers) {
+  lesson05::ANN model;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.zero_();
+    model->out->bias[3] = 1.0;  // every image is called class 3
+  }
+  auto loader = lesson05::make_test_loader(numbered(100), 64);  // labels 0..9, ten of each
+  EXPECT_DOUBLE_EQ(lesson05::evaluate(model, *loader, torch::kCPU), 0.1);
+}
+
+// Tests what one run learns: one epoch on the first kQuickSamples images reaches the quick bar,
+// and the same seed gives the same loss with two loader workers as with none.
+TEST_F(FashionMnistTest, QuickRunReachesQuickBarTheSameWithWorkers) {
+  std::vector<double> losses;
+  for (int workers : {0, 2}) {
+    torch::manual_seed(lesson05::kSeed);
+    lesson05::ANN model;
+    torch::nn::CrossEntropyLoss criterion;
+    torch::optim::Adam optimizer(model->parameters(),
+                                 torch::optim::AdamOptions(lesson05::kLearningRate));
+    course::ImageSet quick{train().images.slice(0, 0, lesson05::kQuickSamples),
+                           train().labels.slice(0, 0, lesson05::kQuickSamples)};
+    auto train_loader =
+        lesson05::make_train_loader(course::FashionMNIST(quick), lesson05::kBatchSize, workers);
+    losses.push_back(
+        lesson05::train_epoch(model, *train_loader, criterion, optimizer, torch::kCPU));
+    auto test_loader =
+        lesson05::make_test_loader(course::FashionMNIST(test()), lesson05::kBatchSize);
+    EXPECT_GE(lesson05::evaluate(model, *test_loader, torch::kCPU), lesson05::kQuickAccuracyBar);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+// Tests the lesson's verdict: the default run (kEpochs epochs, batch 64, all 60,000 images)
+// reaches the accuracy bar, and its epoch loss falls.
 TEST_F(FashionMnistTest, DefaultRunReachesAccuracyBar) {
-  const auto run = lesson05::train_and_evaluate(train(), test(), "resident", lesson05::kEpochs,
-                                                lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
-  EXPECT_GE(run.accuracy, lesson05::kAccuracyBar);
-  EXPECT_LT(run.epochs.back().mean_loss, run.epochs.front().mean_loss);
-}
-
-// Tests the quick mode's bar on its subset.
-TEST_F(FashionMnistTest, QuickRunReachesQuickBar) {
-  const auto run = lesson05::train_and_evaluate(lesson05::take(train(), lesson05::kQuickSamples),
-                                                test(), "textbook", lesson05::kQuickEpochs,
-                                                lesson05::kBatchSize, torch::kCPU, lesson05::kSeed);
-  EXPECT_GE(run.accuracy, lesson05::kQuickAccuracyBar);
-}
-
-// Tests both loaders on the GPU: every sample once, and training lowers the loss.
-TEST_F(CudaTest, LoadersAndTrainingOnGpu) {
-  expect_each_sample_once("batches", device);
-  expect_each_sample_once("resident", device);
-  course::ImageSet data = numbered(2000);
-  data.images = torch::rand({2000, 28, 28});
-  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
-  EXPECT_EQ(trainer.flat.values.device(), device);
-  auto loader = lesson05::make_loader("resident", data, 64, device);
-  const double first = lesson05::train_epoch(trainer, *loader, device).mean_loss;
-  double last = first;
-  for (int e = 0; e < 3; ++e) last = lesson05::train_epoch(trainer, *loader, device).mean_loss;
-  EXPECT_LT(last, first);
-}
-
-// Tests DeviceAdam against LibTorch's Adam on the GPU too.
-TEST_F(CudaTest, DeviceAdamSameStepsAsLibTorchsAdam) {
-  const auto [values, moments] = device_adam_against_libtorch(device, 1000);
-  EXPECT_LE(values, 1e-6);
-  EXPECT_LE(moments, 1e-12);
-}
-
-// Tests the graphed step: captured after its warm-up, and its losses equal the eager step's on
-// the same batches over many steps (a host number frozen at capture would show within a few).
-TEST_F(CudaTest, GraphedStepEqualsEagerStep) {
-  torch::manual_seed(2);
-  course::ImageSet data = numbered(64 * 50);
-  data.images = torch::rand({64 * 50, 28, 28});
-  const double diff = lesson05::graphed_vs_eager(data, 64, device, lesson05::kSeed,
-                                                 lesson05::kGraphCheckSteps);
-  EXPECT_LE(diff, lesson05::kGraphTolerance);
-}
-
-// Tests a graphed epoch: every sample once (the short last batch eagerly), and the loss falls.
-TEST_F(CudaTest, GraphedEpochsTrain) {
-  course::ImageSet data = numbered(2000);  // 31 full batches of 64 and one of 16
-  data.images = torch::rand({2000, 28, 28});
-  lesson05::Trainer trainer = lesson05::make_trainer(device, lesson05::kSeed);
-  lesson05::DeviceAdam adam(trainer.flat, lesson05::kLearningRate);
-  lesson05::GraphedStep graph(trainer.model, trainer.flat, adam, 64, device);
-  auto loader = lesson05::make_loader("resident", data, 64, device);
-  double first = 0, last = 0;
-  for (int e = 0; e < 4; ++e) {
-    const auto stats =
-        lesson05::train_epoch_graphed(trainer.model, trainer.flat, adam, graph, *loader, device);
-    EXPECT_EQ(stats.samples, 2000);
-    (e == 0 ? first : last) = stats.mean_loss;
+  torch::manual_seed(lesson05::kSeed);
+  lesson05::ANN model;
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(),
+                               torch::optim::AdamOptions(lesson05::kLearningRate));
+  auto train_loader = lesson05::make_train_loader(course::FashionMNIST(train()),
+                                                  lesson05::kBatchSize, lesson05::kWorkers);
+  std::vector<double> losses;
+  for (int epoch = 0; epoch < lesson05::kEpochs; ++epoch) {
+    losses.push_back(
+        lesson05::train_epoch(model, *train_loader, criterion, optimizer, torch::kCPU));
   }
-  EXPECT_TRUE(graph.captured());
-  EXPECT_EQ(adam.steps().item<double>(), 4 * 32);
-  EXPECT_LT(last, first);
+  auto test_loader = lesson05::make_test_loader(course::FashionMNIST(test()), lesson05::kBatchSize);
+  EXPECT_GE(lesson05::evaluate(model, *test_loader, torch::kCPU), lesson05::kAccuracyBar);
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+// Tests the loop on a GPU: a quick run with every batch copied there trains and evaluates there.
+TEST_F(CudaTest, QuickRunOnTheGpu) {
+  std::string why;
+  const FashionMnistSplits* data = fashion_mnist(&why);
+  if (data == nullptr) GTEST_SKIP() << why;
+  torch::manual_seed(lesson05::kSeed);
+  lesson05::ANN model;
+  model->to(device);
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(),
+                               torch::optim::AdamOptions(lesson05::kLearningRate));
+  course::ImageSet quick{data->train.images.slice(0, 0, lesson05::kQuickSamples),
+                         data->train.labels.slice(0, 0, lesson05::kQuickSamples)};
+  auto train_loader = lesson05::make_train_loader(course::FashionMNIST(quick), lesson05::kBatchSize,
+                                                  lesson05::kWorkers);
+  lesson05::train_epoch(model, *train_loader, criterion, optimizer, device);
+  EXPECT_TRUE(model->out->weight.is_cuda());
+  auto test_loader =
+      lesson05::make_test_loader(course::FashionMNIST(data->test), lesson05::kBatchSize);
+  EXPECT_GE(lesson05::evaluate(model, *test_loader, device), lesson05::kQuickAccuracyBar);
 }

@@ -364,7 +364,7 @@ class Lesson09Training : public FashionMnistTest {
 TEST_F(Lesson09Training, SummedGradientIsTheGlobalBatchsGradient) {
   constexpr int kWorld = 2;
   constexpr std::int64_t kBatch = 32;
-  const course::ImageSet data = lesson05::take(train(), 3000);
+  const course::ImageSet data = lesson11::take(train(), 3000);
   auto store = c10::make_intrusive<c10d::HashStore>();
   const std::chrono::milliseconds timeout(60000);
   std::vector<lesson09::DistributedRun> runs(kWorld);
@@ -387,7 +387,7 @@ TEST_F(Lesson09Training, SummedGradientIsTheGlobalBatchsGradient) {
 // global batch (a rank whose gradients were never summed) is far from the whole batch's, while
 // the two halves' gradients added up are within the tolerance, from the same parameters.
 TEST_F(Lesson09Training, GradientCheckCatchesAMissingRank) {
-  lesson05::Trainer trainer = lesson05::make_trainer(torch::kCPU, lesson09::kSeed);
+  lesson11::Trainer trainer = lesson11::make_trainer(torch::kCPU, lesson09::kSeed);
   const torch::Tensor all = torch::arange(128, torch::kLong);
   const torch::Tensor whole = lesson09::gradient_of_global_batch(trainer, train(), all, torch::kCPU);
   // Each half's gradient, scaled as a rank scales its share: (half's sum of losses) / 128.
@@ -405,7 +405,7 @@ TEST_F(Lesson09Training, GradientCheckCatchesAMissingRank) {
 TEST_F(Lesson09Training, ARankWithAnEmptyLastShardKeepsStep) {
   constexpr int kWorld = 3;
   // Batches of 8 per rank: the last global step has 2 samples, all on rank 0.
-  const course::ImageSet data = lesson05::take(train(), 50);
+  const course::ImageSet data = lesson11::take(train(), 50);
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::uint64_t> sums(kWorld);
   on_ranks(kWorld, [&](int rank) {

@@ -64,16 +64,16 @@ Progress fresh_progress(std::int64_t samples) {
 
 class CheckpointTest : public FashionMnistTest {
  protected:
-  course::ImageSet small() const { return lesson05::take(train(), kSamples); }
+  course::ImageSet small() const { return lesson11::take(train(), kSamples); }
 
   // `epochs` epochs from the seed, saving to `path` (if any) after each; the trainer at the end.
-  lesson05::Trainer run(int epochs, const std::string& path = "") {
+  lesson11::Trainer run(int epochs, const std::string& path = "") {
     Progress progress = fresh_progress(kSamples);
-    lesson05::Trainer trainer = lesson05::make_trainer(kCpu, lesson10::kSeed);
+    lesson11::Trainer trainer = lesson11::make_trainer(kCpu, lesson10::kSeed);
     if (!path.empty() && fs::exists(path)) {
       progress = lesson10::load_checkpoint(trainer, kCpu, path).progress;
     }
-    auto loader = lesson05::make_loader("batches", small(), lesson10::kBatchSize, kCpu);
+    auto loader = lesson11::make_loader("batches", small(), lesson10::kBatchSize, kCpu);
     lesson10::train_to(trainer, progress, epochs, *loader, kCpu, path);
     return trainer;
   }
@@ -101,9 +101,9 @@ TEST_F(CheckpointTest, ResumeIsBitwiseExact) {
 // Tests that a checkpoint restores Adam's state, the progress and the CPU generator.
 TEST_F(CheckpointTest, RestoresOptimizerProgressAndRng) {
   const std::string path = scratch.file("run.pt");
-  lesson05::Trainer trainer = run(1, path);
+  lesson11::Trainer trainer = run(1, path);
   const torch::Tensor next_draw = torch::rand({8});  // what the generator gives after the save
-  lesson05::Trainer fresh = lesson05::make_trainer(kCpu, lesson10::kSeed + 1);
+  lesson11::Trainer fresh = lesson11::make_trainer(kCpu, lesson10::kSeed + 1);
   const lesson10::Loaded loaded = lesson10::load_checkpoint(fresh, kCpu, path);
   EXPECT_TRUE(torch::equal(torch::rand({8}), next_draw));
   EXPECT_EQ(loaded.progress.epoch, 1);
@@ -191,7 +191,7 @@ TEST(AtomicWrite, MissingFolderIsAClearError) {
 // and that the model it was to be loaded into is unchanged.
 TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
   const std::string good = scratch.file("good.pt");
-  lesson05::Trainer trainer = run(1, good);
+  lesson11::Trainer trainer = run(1, good);
   Progress progress = fresh_progress(kSamples);
   const std::string bytes = read_bytes(good);
   std::vector<std::pair<std::string, std::string>> cases;  // path, expected substring
@@ -242,7 +242,7 @@ TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
   cases.emplace_back(scratch.file("other.pt"), "has no 'format'");
 
   for (const auto& [path, expected] : cases) {
-    lesson05::Trainer victim = lesson05::make_trainer(kCpu, lesson10::kSeed + 7);
+    lesson11::Trainer victim = lesson11::make_trainer(kCpu, lesson10::kSeed + 7);
     const torch::Tensor before = victim.flat.values.detach().clone();
     try {
       lesson10::load_checkpoint(victim, kCpu, path);
@@ -288,12 +288,12 @@ void damage_everywhere(const std::string& bytes, const std::string& path,
 // run; none crashes, hangs or loads something else.
 TEST_F(CheckpointTest, CorruptionSweep) {
   const std::string good = scratch.file("good.pt");
-  lesson05::Trainer trainer = run(1, good);
+  lesson11::Trainer trainer = run(1, good);
   const std::string bytes = read_bytes(good);
   const std::string damaged = scratch.file("damaged.pt");
   int refused = 0, loaded = 0;
   auto try_load = [&](const std::string& what) {
-    lesson05::Trainer victim = lesson05::make_trainer(kCpu, lesson10::kSeed + 3);
+    lesson11::Trainer victim = lesson11::make_trainer(kCpu, lesson10::kSeed + 3);
     const torch::Tensor before = victim.flat.values.detach().clone();
     try {
       lesson10::load_checkpoint(victim, kCpu, damaged);
@@ -312,18 +312,18 @@ TEST_F(CheckpointTest, CorruptionSweep) {
 // Tests the reader of Python's state_dicts the same way: a file written for Python, truncated at
 // 97 offsets and with one byte changed at 211 positions, is refused or read back exactly.
 TEST_F(CheckpointTest, PythonStateDictCorruptionSweep) {
-  lesson05::Trainer trainer = run(1);
+  lesson11::Trainer trainer = run(1);
   const std::string good = scratch.file("state_dict.pt");
   lesson10::write_python_state_dict(trainer.model, good);
   const std::string bytes = read_bytes(good);
   const std::string damaged = scratch.file("damaged.pt");
   int refused = 0, loaded = 0;
   auto try_read = [&](const std::string& what) {
-    lesson05::Mlp model;
+    lesson11::Mlp model;
     try {
       lesson10::load_entries(model, lesson10::read_python_state_dict(damaged), damaged);
       loaded += 1;
-      EXPECT_TRUE(torch::equal(lesson05::flatten_parameters(*model).values, trainer.flat.values))
+      EXPECT_TRUE(torch::equal(lesson11::flatten_parameters(*model).values, trainer.flat.values))
           << what;
     } catch (const CheckpointError&) {
       refused += 1;
@@ -391,11 +391,11 @@ void stretch_fc3_bias(const std::string& from, const std::string& to) {
 // Tests that a tensor whose pickled sizes and strides reach past its storage is refused, in a
 // checkpoint and in a state_dict, before anything reads it.
 TEST_F(CheckpointTest, TensorsReachingPastTheirStorageAreRefused) {
-  lesson05::Trainer trainer = run(1, scratch.file("good.pt"));
+  lesson11::Trainer trainer = run(1, scratch.file("good.pt"));
   lesson10::write_python_state_dict(trainer.model, scratch.file("good_state_dict.pt"));
   stretch_fc3_bias(scratch.file("good.pt"), scratch.file("stretched.pt"));
   stretch_fc3_bias(scratch.file("good_state_dict.pt"), scratch.file("stretched_state_dict.pt"));
-  lesson05::Trainer victim = lesson05::make_trainer(kCpu, lesson10::kSeed + 1);
+  lesson11::Trainer victim = lesson11::make_trainer(kCpu, lesson10::kSeed + 1);
   const torch::Tensor before = victim.flat.values.clone();
   for (const std::string& file : {scratch.file("stretched.pt"), scratch.file("stretched_state_dict.pt")}) {
     try {
@@ -425,7 +425,7 @@ std::string bytes_of(const char (&literal)[N]) {
 // a checkpoint with its version record renamed away (LibTorch's reader would leak on it) and a
 // zip whose pickle LibTorch's unpickler would grow a 30 GB memo for (found by fuzz_checkpoint).
 TEST_F(CheckpointTest, FilesTheCheckRefusesNeverReachLibTorch) {
-  lesson05::Trainer trainer = run(1, scratch.file("good.pt"));
+  lesson11::Trainer trainer = run(1, scratch.file("good.pt"));
   std::string bytes = read_bytes(scratch.file("good.pt"));
   for (const std::string name : {"/.data/version", "/version"}) {
     for (std::size_t at = bytes.find(name); at != std::string::npos; at = bytes.find(name, at)) {
@@ -440,7 +440,7 @@ TEST_F(CheckpointTest, FilesTheCheckRefusesNeverReachLibTorch) {
     out.writeRecord("data/0", floats.data(), floats.size());
     out.writeEndOfFile();
   }
-  lesson05::Trainer victim = lesson05::make_trainer(kCpu, lesson10::kSeed + 1);
+  lesson11::Trainer victim = lesson11::make_trainer(kCpu, lesson10::kSeed + 1);
   const torch::Tensor before = victim.flat.values.clone();
   const std::vector<std::pair<std::string, std::string>> cases = {
       {scratch.file("unversioned.pt"), "it has no format version"},
@@ -467,9 +467,9 @@ TEST_F(CheckpointTest, FilesTheCheckRefusesNeverReachLibTorch) {
 // the optimizer's state with it. (On a GPU, CudaTest.CheckpointsMoveBetweenCpuAndCuda saves a
 // real one.)
 TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
-  lesson05::Trainer trainer = run(1, scratch.file("cpu.pt"));
+  lesson11::Trainer trainer = run(1, scratch.file("cpu.pt"));
   tag_storages_cuda(scratch.file("cpu.pt"), scratch.file("cuda.pt"));
-  lesson05::Trainer loaded = lesson05::make_trainer(kCpu, lesson10::kSeed + 1);
+  lesson11::Trainer loaded = lesson11::make_trainer(kCpu, lesson10::kSeed + 1);
   const lesson10::Loaded info = lesson10::load_checkpoint(loaded, kCpu, scratch.file("cuda.pt"));
   EXPECT_EQ(info.saved_on, "cuda:0");  // the same pickled string
   EXPECT_TRUE(torch::equal(loaded.flat.values, trainer.flat.values));
@@ -482,8 +482,8 @@ TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
 // following the parameters, and that the CUDA generator is saved and restored.
 TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   Scratch scratch;
-  lesson05::Trainer on_gpu = lesson05::make_trainer(device, lesson10::kSeed);
-  lesson05::Batch batch{torch::rand({64, 784}, device), torch::randint(0, 10, {64}, device)};
+  lesson11::Trainer on_gpu = lesson11::make_trainer(device, lesson10::kSeed);
+  lesson11::Batch batch{torch::rand({64, 784}, device), torch::randint(0, 10, {64}, device)};
   torch::nn::functional::cross_entropy(on_gpu.model->forward(batch.images), batch.labels)
       .backward();
   on_gpu.optimizer->step();
@@ -491,7 +491,7 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   lesson10::save_checkpoint(on_gpu, progress, device, scratch.file("gpu.pt"));
   const torch::Tensor next_gpu_draw = torch::rand({8}, device);
 
-  lesson05::Trainer on_cpu = lesson05::make_trainer(kCpu, lesson10::kSeed);
+  lesson11::Trainer on_cpu = lesson11::make_trainer(kCpu, lesson10::kSeed);
   const lesson10::Loaded loaded = lesson10::load_checkpoint(on_cpu, kCpu, scratch.file("gpu.pt"));
   EXPECT_EQ(loaded.saved_on, device.str());
   EXPECT_TRUE(loaded.cuda_rng);
@@ -502,14 +502,14 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   EXPECT_TRUE(state.exp_avg().device().is_cpu());
 
   lesson10::save_checkpoint(on_cpu, progress, kCpu, scratch.file("cpu.pt"));
-  lesson05::Trainer back = lesson05::make_trainer(device, lesson10::kSeed);
+  lesson11::Trainer back = lesson11::make_trainer(device, lesson10::kSeed);
   lesson10::load_checkpoint(back, device, scratch.file("cpu.pt"));
   EXPECT_TRUE(torch::equal(back.flat.values.cpu(), on_cpu.flat.values));
   const auto& gpu_state =
       static_cast<const torch::optim::AdamParamState&>(*back.optimizer->state().begin()->second);
   EXPECT_EQ(gpu_state.exp_avg().device(), back.flat.values.device());
 
-  lesson05::Trainer again = lesson05::make_trainer(device, lesson10::kSeed);
+  lesson11::Trainer again = lesson11::make_trainer(device, lesson10::kSeed);
   const lesson10::Loaded restored =
       lesson10::load_checkpoint(again, device, scratch.file("gpu.pt"));
   EXPECT_TRUE(restored.cuda_rng_restored);
@@ -551,12 +551,12 @@ TEST_F(PythonTest, ReadsTorchSaveOfAStateDict) {
   ASSERT_EQ(python(roundtrip() + " save " + path + " --epochs 1", output), 0) << output;
   const double python_accuracy = accuracy_in(output);
   ASSERT_GT(python_accuracy, 0.7) << output;
-  lesson05::Mlp model;
+  lesson11::Mlp model;
   const lesson10::Entries entries = lesson10::read_python_state_dict(path);
   ASSERT_EQ(entries.size(), 6u);
   EXPECT_EQ(entries[0].first, "fc1.weight");
   lesson10::load_entries(model, entries, path);
-  EXPECT_NEAR(lesson05::evaluate(model, test(), kCpu), python_accuracy, 1e-4);
+  EXPECT_NEAR(lesson11::evaluate(model, test(), kCpu), python_accuracy, 1e-4);
 }
 
 // Tests why the pickle is rewritten: LibTorch's own torch::pickle_load fails on the tutorials'
@@ -591,15 +591,15 @@ TEST_F(PythonTest, PickleLoadFailsOnAStateDictButReadsADict) {
 // and that Python then measures the accuracy C++ measured.
 TEST_F(PythonTest, PythonLoadsWhatCppWrites) {
   Progress progress = fresh_progress(kSamples);
-  lesson05::Trainer trainer = lesson05::make_trainer(kCpu, lesson10::kSeed);
-  auto loader = lesson05::make_loader("batches", lesson05::take(train(), kSamples),
+  lesson11::Trainer trainer = lesson11::make_trainer(kCpu, lesson10::kSeed);
+  auto loader = lesson11::make_loader("batches", lesson11::take(train(), kSamples),
                                       lesson10::kBatchSize, kCpu);
   lesson10::train_to(trainer, progress, 1, *loader, kCpu, "");
   const std::string path = scratch.file("for_python.pt");
   lesson10::write_python_state_dict(trainer.model, path);
   std::string output;
   ASSERT_EQ(python(roundtrip() + " load " + path, output), 0) << output;
-  EXPECT_NEAR(accuracy_in(output), lesson05::evaluate(trainer.model, test(), kCpu), 1e-4) << output;
+  EXPECT_NEAR(accuracy_in(output), lesson11::evaluate(trainer.model, test(), kCpu), 1e-4) << output;
 }
 
 // Tests the other forms Python may write: a plain dict loads; a list, a legacy (non-zip) file,
@@ -621,7 +621,7 @@ TEST_F(PythonTest, OtherPythonFiles) {
       "torch.save({'fc1.weight': 3, 'fc1.bias': 4}, d + '/number.pt')\n";
   write_bytes(dir + "/make.py", script);
   ASSERT_EQ(python(dir + "/make.py " + dir, output), 0) << output;
-  lesson05::Mlp model;
+  lesson11::Mlp model;
   lesson10::load_entries(model, lesson10::read_python_state_dict(dir + "/plain.pt"), "plain.pt");
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"list.pt", "not a state_dict"},
@@ -636,7 +636,7 @@ TEST_F(PythonTest, OtherPythonFiles) {
       EXPECT_NE(e.hint().find("torch.save(model.state_dict()"), std::string::npos);
     }
   }
-  const torch::Tensor before = lesson05::flatten_parameters(*model).values.clone();
+  const torch::Tensor before = lesson11::flatten_parameters(*model).values.clone();
   try {
     lesson10::load_entries(model, lesson10::read_python_state_dict(dir + "/wide.pt"), "wide.pt");
     ADD_FAILURE() << "wide.pt was loaded";
@@ -644,7 +644,7 @@ TEST_F(PythonTest, OtherPythonFiles) {
     EXPECT_NE(std::string(e.what()).find("'fc1.weight' is [256, 784]"), std::string::npos)
         << e.what();
   }
-  EXPECT_TRUE(torch::equal(lesson05::flatten_parameters(*model).values, before));
+  EXPECT_TRUE(torch::equal(lesson11::flatten_parameters(*model).values, before));
 }
 
 // ---- activation checkpointing ------------------------------------------------------------------

@@ -13,14 +13,14 @@
 #include "activation_checkpointing.h"  // part 6
 #include "common/compare.h"  // defines: course::max_abs_diff, tolerance_for
 #include "common/verdict.h"  // defines: course::CourseError
-#include "training_loop.h"   // defines: lesson05's Mlp, Trainer, make_trainer (the model trained)
+#include "fast_training_loop.h"   // defines: lesson11's Mlp, Trainer, make_trainer (the model trained)
 
 namespace lesson10 {
 
 // ---- knobs -----------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 10;
-constexpr std::int64_t kBatchSize = lesson05::kBatchSize;
-constexpr int kEpochs = lesson05::kEpochs;  // --checkpoint runs train to this many by default
+constexpr std::int64_t kBatchSize = lesson11::kBatchSize;
+constexpr int kEpochs = lesson11::kEpochs;  // --checkpoint runs train to this many by default
 // Part 1: a run of kDemoEpochs, interrupted after kResumeAt, resumed from its checkpoint.
 constexpr int kDemoEpochs = 3;
 constexpr int kResumeAt = 2;
@@ -41,7 +41,7 @@ class CheckpointError : public course::CourseError {
 // ---- part 0: the recipe -----------------------------------------------------------------------
 /// torch::save(model, path), then torch::load into a new model mapped onto the CPU (Python's
 /// map_location="cpu") and moved to `device`: the new model.
-lesson05::Mlp save_and_load_weights(lesson05::Mlp& model, const std::string& path,
+lesson11::Mlp save_and_load_weights(lesson11::Mlp& model, const std::string& path,
                                     const torch::Device& device);
 
 // ---- part 1: a training run's checkpoint ------------------------------------------------------
@@ -55,7 +55,7 @@ struct Progress {
 
 /// A model's tensors by name (parameters, then buffers), as a state_dict lists them.
 using Entries = std::vector<std::pair<std::string, torch::Tensor>>;
-Entries model_entries(lesson05::Mlp& model);
+Entries model_entries(lesson11::Mlp& model);
 
 /// The state of a device's default generator (CPU: the shuffles; a GPU: its random ops), and
 /// putting one back.
@@ -70,9 +70,9 @@ void write_atomically(const std::string& path, const std::function<void(const Si
 
 /// Saves the model (`entries`, by default the model's own), the optimizer's state, `progress`
 /// and the RNG states (CPU, and `device`'s generator on CUDA) to `path`, atomically.
-void save_checkpoint(lesson05::Trainer& trainer, const Progress& progress,
+void save_checkpoint(lesson11::Trainer& trainer, const Progress& progress,
                      const torch::Device& device, const std::string& path);
-void save_checkpoint(lesson05::Trainer& trainer, const Progress& progress,
+void save_checkpoint(lesson11::Trainer& trainer, const Progress& progress,
                      const torch::Device& device, const std::string& path, const Entries& entries);
 
 /// What loading found besides the progress.
@@ -87,12 +87,12 @@ struct Loaded {
 /// All or nothing: everything is read and checked before the trainer is touched. Throws
 /// CheckpointError for a missing, truncated or corrupt file, another kind of file, another
 /// model (missing or extra keys, other shapes) or an optimizer state that does not fit.
-Loaded load_checkpoint(lesson05::Trainer& trainer, const torch::Device& device,
+Loaded load_checkpoint(lesson11::Trainer& trainer, const torch::Device& device,
                        const std::string& path);
 
 /// Trains `trainer` from `progress.epoch` to `epochs`, saving to `checkpoint` (unless empty)
 /// after every epoch. Prints a line per epoch.
-void train_to(lesson05::Trainer& trainer, Progress& progress, int epochs, lesson05::Loader& loader,
+void train_to(lesson11::Trainer& trainer, Progress& progress, int epochs, lesson11::Loader& loader,
               const torch::Device& device, const std::string& checkpoint);
 
 // ---- part 2: the crash test -------------------------------------------------------------------
@@ -121,9 +121,9 @@ KillReport kill_while_saving(const std::string& program, const std::string& path
 Entries read_python_state_dict(const std::string& path);
 /// Writes the model's state_dict so that Python's torch.load(path, weights_only=True) returns a
 /// dict that load_state_dict accepts (atomically).
-void write_python_state_dict(lesson05::Mlp& model, const std::string& path);
+void write_python_state_dict(lesson11::Mlp& model, const std::string& path);
 /// Copies `entries` into `model` after checking that the names and shapes match exactly (all or
 /// nothing; CheckpointError naming `source` otherwise).
-void load_entries(lesson05::Mlp& model, const Entries& entries, const std::string& source);
+void load_entries(lesson11::Mlp& model, const Entries& entries, const std::string& source);
 
 }  // namespace lesson10

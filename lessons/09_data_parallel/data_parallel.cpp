@@ -11,7 +11,7 @@
 //   - part 2, one process per device: the same binary is one rank of a c10d job whenever
 //     WORLD_SIZE is set, as PyTorch's launcher sets it. The ranks meet at a TCPStore, rank 0's
 //     parameters are broadcast, every rank takes its own shard of one shuffled order, and the
-//     gradients are all-reduced as one flat buffer (lesson 05's flat parameters make it one
+//     gradients are all-reduced as one flat buffer (lesson 11's flat parameters make it one
 //     collective, the way DDP's buckets do), so every rank's Adam takes the same step;
 //   - a rank that dies or never arrives ends the job with a clear error within --timeout.
 //
@@ -500,14 +500,14 @@ std::pair<std::uint64_t, std::uint64_t> min_max_across_ranks(course::CommGroup& 
 namespace {
 // make_trainer seeds the global generator, then draws the initial parameters from it. Ranks
 // that are threads of one process (the tests, the benchmark) share that generator: one at a time.
-lesson05::Trainer seeded_trainer(const torch::Device& device, std::uint64_t seed) {
+lesson11::Trainer seeded_trainer(const torch::Device& device, std::uint64_t seed) {
   static std::mutex generator;
   std::lock_guard<std::mutex> lock(generator);
-  return lesson05::make_trainer(device, seed);
+  return lesson11::make_trainer(device, seed);
 }
 }  // namespace
 
-torch::Tensor gradient_of_global_batch(lesson05::Trainer& trainer, const course::ImageSet& train,
+torch::Tensor gradient_of_global_batch(lesson11::Trainer& trainer, const course::ImageSet& train,
                                        const torch::Tensor& indices, const torch::Device& device) {
   const torch::Tensor kept = trainer.flat.gradients.clone();
   trainer.flat.gradients.zero_();
@@ -528,7 +528,7 @@ DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world
                                    std::uint64_t seed, bool print_epochs,
                                    std::chrono::milliseconds timeout) {
   DistributedRun run{seeded_trainer(device, seed), {}, {}, {}};
-  lesson05::Trainer& t = run.trainer;
+  lesson11::Trainer& t = run.trainer;
   run.trail = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
   // Every rank starts from rank 0's parameters (the seed already agrees; DDP makes sure).
   if (group != nullptr) broadcast_parameters(*group, t.flat.values, timeout);
@@ -752,7 +752,7 @@ void part2(const RankInfo& info, bool launched, const std::string& backend,
                 "every rank holds bitwise identical parameters after every step",
                 "checksums compared across ranks");
 
-  const double accuracy = lesson05::evaluate(run.trainer.model, test, device);
+  const double accuracy = lesson11::evaluate(run.trainer.model, test, device);
   if (info.world_size > 1) {
     double worst = 0;
     for (const double d : run.gradient_diffs) worst = std::max(worst, d);
@@ -770,7 +770,7 @@ void part2(const RankInfo& info, bool launched, const std::string& backend,
                 "drift apart: see the page)\n",
                 epochs, course::relative_diff(run.trainer.flat.values, ref.trainer.flat.values));
     const double loss = run.epochs.back().mean_loss, ref_loss = ref.epochs.back().mean_loss;
-    const double ref_accuracy = lesson05::evaluate(ref.trainer.model, test, device);
+    const double ref_accuracy = lesson11::evaluate(ref.trainer.model, test, device);
     std::printf("final loss %.4f vs %.4f, test accuracy %.4f vs %.4f (the reference)\n", loss,
                 ref_loss, accuracy, ref_accuracy);
     verdict.check(std::abs(loss - ref_loss) <= kLossMargin * ref_loss &&
@@ -817,7 +817,7 @@ int lesson_main(int argc, char** argv) {
   const auto folder = course::find_fashion_mnist(options.data_dir);
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
   const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = lesson05::take(train, kQuickSamples);
+  if (options.quick) train = lesson11::take(train, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
   const bool full_run = !options.quick && epochs >= kEpochs;
   const double bar = full_run ? kAccuracyBar : kQuickAccuracyBar;

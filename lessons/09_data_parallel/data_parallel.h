@@ -13,7 +13,7 @@
 #include "common/c10d.h"  // defines: course::CommGroup (c10d::Backend, or ProcessGroup on 1.13)
 #include "common/compare.h"  // defines: course::max_abs_diff, relative_diff, tolerance_for
 #include "common/data.h"  // defines: course::ImageSet
-#include "training_loop.h"  // defines: lesson05's Mlp, Trainer, kLearningRate (the model trained)
+#include "fast_training_loop.h"  // defines: lesson11's Mlp, Trainer, kLearningRate (the model trained)
 
 namespace lesson09 {
 
@@ -22,13 +22,13 @@ constexpr std::uint64_t kSeed = 9;
 constexpr int kReplicas = 2;               // part 1 on the CPU: replicas, one thread each
 constexpr std::int64_t kPart1Batch = 512;  // part 1: one batch, split across the replicas
 constexpr int kPart1TimedSteps = 20;       // part 1: steps timed per phase (median)
-constexpr int kEpochs = lesson05::kEpochs; // part 2: as lesson 05
+constexpr int kEpochs = lesson11::kEpochs; // part 2: as lesson 05
 constexpr std::int64_t kBatchPerRank = 64; // part 2: a global step takes world_size x this
 constexpr int kTimeoutSeconds = 120;       // a rank that dies or never arrives: give up after this
-constexpr double kAccuracyBar = lesson05::kAccuracyBar;
+constexpr double kAccuracyBar = lesson11::kAccuracyBar;
 constexpr int kQuickEpochs = 1;
-constexpr std::int64_t kQuickSamples = lesson05::kQuickSamples;
-constexpr double kQuickAccuracyBar = lesson05::kQuickAccuracyBar;
+constexpr std::int64_t kQuickSamples = lesson11::kQuickSamples;
+constexpr double kQuickAccuracyBar = lesson11::kQuickAccuracyBar;
 
 // Part 2, what data parallelism promises exactly, whatever the CPU: from the same parameters,
 // the ranks' summed gradient is one process's gradient over the global batch, up to the order
@@ -172,7 +172,7 @@ struct EpochStats {
 };
 /// What a rank's training ends with.
 struct DistributedRun {
-  lesson05::Trainer trainer;
+  lesson11::Trainer trainer;
   std::vector<EpochStats> epochs;
   /// For each of the first kCheckedSteps steps (ranks of a group only): the relative difference
   /// between the summed gradient and gradient_of_global_batch() from the same parameters.
@@ -184,9 +184,9 @@ struct DistributedRun {
 /// One process's gradient over `indices` (a global step's samples, every rank's) from the
 /// trainer's current parameters: the loss summed over them, divided by their count, as the
 /// ranks' losses add up to. Leaves the trainer's gradients as they were.
-torch::Tensor gradient_of_global_batch(lesson05::Trainer& trainer, const course::ImageSet& train,
+torch::Tensor gradient_of_global_batch(lesson11::Trainer& trainer, const course::ImageSet& train,
                                        const torch::Tensor& indices, const torch::Device& device);
-/// Trains lesson 05's MLP as rank `rank` of `world_size`: rank 0's initial parameters, this
+/// Trains lesson 11's MLP as rank `rank` of `world_size`: rank 0's initial parameters, this
 /// rank's shard of each global step, gradients all-reduced. With no group (nullptr) it is one
 /// process training with batch world_size x batch_per_rank: the reference.
 DistributedRun train_data_parallel(course::CommGroup* group, int rank, int world_size,

@@ -69,12 +69,12 @@ constexpr bool kFuzzing = false;
 
 // ---- part 0: the recipe ------------------------------------------------------------------------
 //! [recipe]
-lesson05::Mlp save_and_load_weights(lesson05::Mlp& model, const std::string& path,
+lesson11::Mlp save_and_load_weights(lesson11::Mlp& model, const std::string& path,
                                     const torch::Device& device) {
   // Python: torch.save(model.state_dict(), "model.pt")
   torch::save(model, path);  // every parameter and buffer, by name, wherever they live
   // Python: model.load_state_dict(torch.load("model.pt", map_location="cpu")); model.to(device)
-  lesson05::Mlp loaded;
+  lesson11::Mlp loaded;
   torch::load(loaded, path, torch::kCPU);  // each tensor made on the CPU, whatever it was saved on
   loaded->to(device);                      // then moved to where it will run
   return loaded;
@@ -124,7 +124,7 @@ std::uint32_t optimizer_checksum(const torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
-Entries model_entries(lesson05::Mlp& model) {
+Entries model_entries(lesson11::Mlp& model) {
   Entries entries;
   for (const auto& p : model->named_parameters()) entries.emplace_back(p.key(), p.value());
   for (const auto& b : model->named_buffers()) entries.emplace_back(b.key(), b.value());
@@ -186,7 +186,7 @@ void write_atomically(const std::string& path, const std::function<void(const Si
 //! [write-atomically]
 
 //! [save-checkpoint]
-void save_checkpoint(lesson05::Trainer& trainer, const Progress& progress,
+void save_checkpoint(lesson11::Trainer& trainer, const Progress& progress,
                      const torch::Device& device, const std::string& path, const Entries& entries) {
   torch::serialize::OutputArchive archive;
   // What the file is, so that loading can refuse anything else by name.
@@ -224,7 +224,7 @@ void save_checkpoint(lesson05::Trainer& trainer, const Progress& progress,
 }
 //! [save-checkpoint]
 
-void save_checkpoint(lesson05::Trainer& trainer, const Progress& progress,
+void save_checkpoint(lesson11::Trainer& trainer, const Progress& progress,
                      const torch::Device& device, const std::string& path) {
   save_checkpoint(trainer, progress, device, path, model_entries(trainer.model));
 }
@@ -306,7 +306,7 @@ std::string read_string(torch::serialize::InputArchive& archive, const std::stri
 // inside its storage; and the file has no name the model lacks. Nothing is copied here: the
 // pairs (model's tensor, file's tensor) are copied once everything else has been checked too.
 // (A module's own load, archive.read(name, parameter), would swap each parameter's storage for
-// the file's, of whatever shape the file has, and detach it from lesson 05's flat parameters.)
+// the file's, of whatever shape the file has, and detach it from lesson 11's flat parameters.)
 struct Mismatch {
   std::string another_model;  // appended to "has no 'x'": what the file is
   std::string hint;
@@ -350,7 +350,7 @@ std::vector<std::pair<torch::Tensor, torch::Tensor>> checked_copies(
 }  // namespace
 
 //! [load-checkpoint]
-Loaded load_checkpoint(lesson05::Trainer& trainer, const torch::Device& device,
+Loaded load_checkpoint(lesson11::Trainer& trainer, const torch::Device& device,
                        const std::string& path) {
   // map_location: every tensor in the file lands on `device`, wherever it was saved.
   torch::serialize::InputArchive archive = open_archive(path, device);
@@ -388,7 +388,7 @@ Loaded load_checkpoint(lesson05::Trainer& trainer, const torch::Device& device,
   // 2. The optimizer: loaded into a new Adam over the same parameter, then checked.
   auto optimizer =
       std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{trainer.flat.values},
-                                           torch::optim::AdamOptions(lesson05::kLearningRate));
+                                           torch::optim::AdamOptions(lesson11::kLearningRate));
   torch::serialize::InputArchive saved_optimizer;
   c10::IValue version;
   if (!archive.try_read("optimizer", saved_optimizer) ||
@@ -460,7 +460,7 @@ Loaded load_checkpoint(lesson05::Trainer& trainer, const torch::Device& device,
 //! [load-checkpoint]
 
 //! [train-to]
-void train_to(lesson05::Trainer& trainer, Progress& progress, int epochs, lesson05::Loader& loader,
+void train_to(lesson11::Trainer& trainer, Progress& progress, int epochs, lesson11::Loader& loader,
               const torch::Device& device, const std::string& checkpoint) {
   // Ctrl-C: the step under way finishes, the epoch is abandoned, and the checkpoint keeps the
   // last whole epoch. A save under way finishes first: the handler only sets a flag.
@@ -474,7 +474,7 @@ void train_to(lesson05::Trainer& trainer, Progress& progress, int epochs, lesson
     return course::Interrupted(what + "; " + saved);
   };
   while (progress.epoch < epochs) {
-    const lesson05::EpochStats stats = lesson05::train_epoch(trainer, loader, device);
+    const lesson11::EpochStats stats = lesson11::train_epoch(trainer, loader, device);
     if (stats.interrupted) {
       throw stopped("epoch " + std::to_string(progress.epoch + 1) + " abandoned after " +
                     std::to_string(stats.samples) + " of " + std::to_string(loader.size()) +
@@ -612,7 +612,7 @@ Entries read_python_state_dict(const std::string& path) {
 //! [read-python]
 
 //! [write-python]
-void write_python_state_dict(lesson05::Mlp& model, const std::string& path) {
+void write_python_state_dict(lesson11::Mlp& model, const std::string& path) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
   for (const auto& [name, tensor] : model_entries(model)) {
     dict.insert(name, tensor.detach().to(torch::kCPU).clone());  // compact, on the CPU
@@ -624,7 +624,7 @@ void write_python_state_dict(lesson05::Mlp& model, const std::string& path) {
 }
 //! [write-python]
 
-void load_entries(lesson05::Mlp& model, const Entries& entries, const std::string& source) {
+void load_entries(lesson11::Mlp& model, const Entries& entries, const std::string& source) {
   std::vector<std::string> names;
   for (const auto& entry : entries) names.push_back(entry.first);
   const auto copies = checked_copies(
@@ -666,9 +666,9 @@ struct Lesson {
   bool quick;
   fs::path work;
   course::Verdict verdict;
-  lesson05::Trainer start() const { return lesson05::make_trainer(device, seed); }
-  std::unique_ptr<lesson05::Loader> loader() const {
-    return lesson05::make_loader("batches", train, fresh.batch_size, device);
+  lesson11::Trainer start() const { return lesson11::make_trainer(device, seed); }
+  std::unique_ptr<lesson11::Loader> loader() const {
+    return lesson11::make_loader("batches", train, fresh.batch_size, device);
   }
 };
 
@@ -684,9 +684,9 @@ void check_writable(const std::string& path, const std::string& flag) {
 
 // A fresh trainer, resumed from `checkpoint` when that file exists. A checkpoint of a run on
 // other data or batches is refused: resuming it would silently become another run.
-lesson05::Trainer resume_or_start(const Lesson& lesson, const std::string& checkpoint,
+lesson11::Trainer resume_or_start(const Lesson& lesson, const std::string& checkpoint,
                                   Progress& progress) {
-  lesson05::Trainer trainer = lesson.start();
+  lesson11::Trainer trainer = lesson.start();
   if (checkpoint.empty()) return trainer;
   if (!fs::exists(checkpoint)) {
     std::cout << "  no checkpoint at " << checkpoint << " yet: starting from epoch 0\n";
@@ -718,10 +718,10 @@ lesson05::Trainer resume_or_start(const Lesson& lesson, const std::string& check
 void recipe(Lesson& lesson) {
   std::cout << "\n== Part 0: the recipe: torch::save, torch::load ==\n";
   torch::manual_seed(lesson.seed);
-  lesson05::Mlp model;
+  lesson11::Mlp model;
   model->to(lesson.device);
   const std::string path = (lesson.work / "model.pt").string();
-  lesson05::Mlp loaded = lesson10::save_and_load_weights(model, path, lesson.device);
+  lesson11::Mlp loaded = lesson10::save_and_load_weights(model, path, lesson.device);
   const double diff = course::max_abs_diff(model->parameters(), loaded->parameters());
   std::cout << "torch::save wrote model.pt (" << course::format_bytes(fs::file_size(path))
             << ") from " << lesson.device.str() << "; torch::load read it onto the CPU, then "
@@ -733,7 +733,7 @@ void recipe(Lesson& lesson) {
 }
 
 // Part 1: an uninterrupted run against one stopped, saved and resumed in a fresh trainer.
-lesson05::Trainer resume_exactly(Lesson& lesson, int epochs, const std::string& run_pt,
+lesson11::Trainer resume_exactly(Lesson& lesson, int epochs, const std::string& run_pt,
                                  Progress& progress) {
   std::cout << "\n== Part 1: save every epoch, stop, resume: the same run ==\n";
   // Bitwise equality needs reproducible arithmetic. On the CPU that means one thread: PyTorch's
@@ -746,16 +746,16 @@ lesson05::Trainer resume_exactly(Lesson& lesson, int epochs, const std::string& 
   }
   std::cout << "uninterrupted, " << epochs << " epochs:\n";
   Progress straight_progress = lesson.fresh;
-  lesson05::Trainer straight = lesson.start();
+  lesson11::Trainer straight = lesson.start();
   lesson10::train_to(straight, straight_progress, epochs, *lesson.loader(), lesson.device, "");
   std::cout << "stopped after " << lesson10::kResumeAt << " epochs, then resumed in a fresh trainer:\n";
   {
     progress = lesson.fresh;
-    lesson05::Trainer first = resume_or_start(lesson, run_pt, progress);
+    lesson11::Trainer first = resume_or_start(lesson, run_pt, progress);
     lesson10::train_to(first, progress, lesson10::kResumeAt, *lesson.loader(), lesson.device, run_pt);
   }  // the first "process" ends here: its model, optimizer and loader are gone
   progress = lesson.fresh;
-  lesson05::Trainer resumed = resume_or_start(lesson, run_pt, progress);
+  lesson11::Trainer resumed = resume_or_start(lesson, run_pt, progress);
   lesson10::train_to(resumed, progress, epochs, *lesson.loader(), lesson.device, run_pt);
   const double diff = course::max_abs_diff(straight.flat.values, resumed.flat.values);
   std::printf("max abs difference, resumed vs uninterrupted: %.3g\n", diff);
@@ -797,10 +797,10 @@ void map_devices(Lesson& lesson, const std::string& run_pt, const torch::Tensor&
                  const Progress& progress) {
   std::cout << "\n== Part 3: device mapping ==\n";
   //! [map-to-cpu]
-  lesson05::Trainer on_cpu = lesson05::make_trainer(torch::kCPU, lesson.seed);
+  lesson11::Trainer on_cpu = lesson11::make_trainer(torch::kCPU, lesson.seed);
   const lesson10::Loaded loaded = lesson10::load_checkpoint(on_cpu, torch::kCPU, run_pt);
   //! [map-to-cpu]
-  const auto adam_device = [](const lesson05::Trainer& trainer) {
+  const auto adam_device = [](const lesson11::Trainer& trainer) {
     return static_cast<const torch::optim::AdamParamState&>(*trainer.optimizer->state().begin()->second)
         .exp_avg()
         .device();
@@ -819,7 +819,7 @@ void map_devices(Lesson& lesson, const std::string& run_pt, const torch::Tensor&
   const torch::Device gpu = lesson.device.is_cuda() ? lesson.device : torch::Device(torch::kCUDA, 0);
   const std::string cpu_pt = (lesson.work / "from-cpu.pt").string();
   lesson10::save_checkpoint(on_cpu, progress, torch::kCPU, cpu_pt);
-  lesson05::Trainer on_gpu = lesson05::make_trainer(gpu, lesson.seed);
+  lesson11::Trainer on_gpu = lesson11::make_trainer(gpu, lesson.seed);
   lesson10::load_checkpoint(on_gpu, gpu, cpu_pt);
   equal = torch::equal(on_gpu.flat.values.to(torch::kCPU), saved);
   std::cout << "saved on cpu, loaded on " << gpu.str() << ": parameters "
@@ -830,7 +830,7 @@ void map_devices(Lesson& lesson, const std::string& run_pt, const torch::Tensor&
 
 // Part 4: bad files (missing, empty, cut short, noise, another model's, a state_dict), each
 // refused with one line and a HINT, the model left as it was.
-void refuse_bad_files(Lesson& lesson, const std::string& good, lesson05::Trainer& trainer,
+void refuse_bad_files(Lesson& lesson, const std::string& good, lesson11::Trainer& trainer,
                       const Progress& progress) {
   std::cout << "\n== Part 4: bad checkpoints ==\n";
   const auto path = [&](const std::string& name) { return (lesson.work / name).string(); };
@@ -866,7 +866,7 @@ void refuse_bad_files(Lesson& lesson, const std::string& good, lesson05::Trainer
   int refused = 0, untouched = 0;
   std::string example_hint;
   for (const auto& [what, file] : bad_files) {
-    lesson05::Trainer victim = lesson.start();
+    lesson11::Trainer victim = lesson.start();
     const torch::Tensor before = victim.flat.values.detach().clone();
     try {
       lesson10::load_checkpoint(victim, lesson.device, file);
@@ -893,15 +893,15 @@ void refuse_bad_files(Lesson& lesson, const std::string& good, lesson05::Trainer
 
 // The model written for Python's torch.load and read back through the reader of Python's
 // files: the largest difference from the model's own parameters.
-double python_round_trip(lesson05::Mlp& model, const std::string& path) {
+double python_round_trip(lesson11::Mlp& model, const std::string& path) {
   lesson10::write_python_state_dict(model, path);
-  lesson05::Mlp copy;
+  lesson11::Mlp copy;
   lesson10::load_entries(copy, lesson10::read_python_state_dict(path), path);
   return course::max_abs_diff(copy->parameters(), model->parameters());
 }
 
 // Part 5: a state_dict that Python's torch.load takes, written and read back.
-void python_files(Lesson& lesson, lesson05::Mlp& model) {
+void python_files(Lesson& lesson, lesson11::Mlp& model) {
   std::cout << "\n== Part 5: state_dicts for and from Python ==\n";
   const std::string path = (lesson.work / "for_python.pt").string();
   const double diff = python_round_trip(model, path);
@@ -920,7 +920,7 @@ int one_run(Lesson& lesson, int epochs, const std::string& checkpoint,
   if (!checkpoint.empty()) check_writable(checkpoint, "--checkpoint");
   if (!to_python.empty()) check_writable(to_python, "--to-python");
   Progress progress = lesson.fresh;
-  lesson05::Trainer trainer = resume_or_start(lesson, checkpoint, progress);
+  lesson11::Trainer trainer = resume_or_start(lesson, checkpoint, progress);
   const std::int64_t first_epoch = progress.epoch;
   if (first_epoch == 0 && !from_python.empty()) {
     lesson10::load_entries(trainer.model, lesson10::read_python_state_dict(from_python), from_python);
@@ -933,7 +933,7 @@ int one_run(Lesson& lesson, int epochs, const std::string& checkpoint,
     std::cout << "  already at epoch " << progress.epoch << ": nothing to train\n";
   }
   if (!checkpoint.empty() && progress.epoch > first_epoch) {
-    lesson05::Trainer back = lesson05::make_trainer(torch::kCPU, lesson.seed);
+    lesson11::Trainer back = lesson11::make_trainer(torch::kCPU, lesson.seed);
     lesson10::load_checkpoint(back, torch::kCPU, checkpoint);
     const double diff = course::max_abs_diff(back.flat.values, trainer.flat.values);
     lesson.verdict.check(diff == 0, "the last checkpoint reads back equal to the model",
@@ -945,13 +945,13 @@ int one_run(Lesson& lesson, int epochs, const std::string& checkpoint,
     lesson.verdict.check(diff == 0, "the state_dict written for Python reads back equal",
                          evidence("max abs diff %.3g", diff));
   }
-  const double accuracy = lesson05::evaluate(trainer.model, lesson.test, lesson.device);
+  const double accuracy = lesson11::evaluate(trainer.model, lesson.test, lesson.device);
   std::printf("test accuracy: %.4f\n", accuracy);
   // Lesson 05's bar holds for a whole run this program trained itself.
   if (from_python.empty() && !lesson.quick && progress.epoch >= lesson10::kEpochs &&
       lesson.fresh.batch_size <= lesson10::kBatchSize) {
-    lesson.verdict.check(accuracy >= lesson05::kAccuracyBar, "test accuracy reaches lesson 05's bar",
-                         evidence("%.4f vs bar %.2f", accuracy, lesson05::kAccuracyBar));
+    lesson.verdict.check(accuracy >= lesson11::kAccuracyBar, "test accuracy reaches lesson 05's bar",
+                         evidence("%.4f vs bar %.2f", accuracy, lesson11::kAccuracyBar));
   }
   if (lesson.verdict.checks() == 0) {
     lesson.verdict.check(std::isfinite(accuracy), "the model evaluates", evidence("%.4f", accuracy));
@@ -989,11 +989,11 @@ int lesson_main(int argc, char** argv) {
   const auto folder = course::find_fashion_mnist(options.data_dir);
   lesson.train = course::load_fashion_mnist(folder, /*train=*/true);
   lesson.test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) lesson.train = lesson05::take(lesson.train, lesson05::kQuickSamples);
+  if (options.quick) lesson.train = lesson11::take(lesson.train, lesson11::kQuickSamples);
   lesson.fresh.samples = lesson.train.labels.size(0);
   lesson.fresh.batch_size = batch_size;
   std::cout << "Fashion-MNIST: " << lesson.fresh.samples
-            << " training images; lesson 05's MLP, Adam, batch " << batch_size << "\n";
+            << " training images; lesson 11's MLP, Adam, batch " << batch_size << "\n";
   if (!checkpoint.empty() || !from_python.empty() || !to_python.empty()) {
     return one_run(lesson, epochs, checkpoint, from_python, to_python);
   }
@@ -1009,7 +1009,7 @@ int lesson_main(int argc, char** argv) {
   const int demo_epochs = epochs > 0 ? std::max(epochs, lesson10::kResumeAt + 1) : lesson10::kDemoEpochs;
   recipe(lesson);
   Progress progress;
-  lesson05::Trainer resumed = resume_exactly(lesson, demo_epochs, run_pt, progress);
+  lesson11::Trainer resumed = resume_exactly(lesson, demo_epochs, run_pt, progress);
   kill_while_saving(lesson);
   const torch::Tensor saved = resumed.flat.values.detach().to(torch::kCPU);
   map_devices(lesson, run_pt, saved, progress);
@@ -1017,10 +1017,10 @@ int lesson_main(int argc, char** argv) {
   python_files(lesson, resumed.model);
   lesson10::activation_checkpointing_part(lesson.device, lesson.quick, lesson.seed, lesson.verdict);
 
-  const double accuracy = lesson05::evaluate(resumed.model, lesson.test, lesson.device);
+  const double accuracy = lesson11::evaluate(resumed.model, lesson.test, lesson.device);
   std::printf("\ntest accuracy: %.4f\n", accuracy);
   const bool full = !lesson.quick && demo_epochs >= lesson10::kEpochs && batch_size <= lesson10::kBatchSize;
-  const double bar = full ? lesson05::kAccuracyBar : lesson05::kQuickAccuracyBar;
+  const double bar = full ? lesson11::kAccuracyBar : lesson11::kQuickAccuracyBar;
   lesson.verdict.check(accuracy >= bar, "the resumed model's test accuracy reaches the bar",
                        evidence("%.4f vs bar %.2f", accuracy, bar));
   return lesson.verdict.finish("lesson 10 on " + lesson.device.str());

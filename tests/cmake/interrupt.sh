@@ -1,6 +1,7 @@
 #!/bin/sh
 # interrupt.sh BINARY CASE: Ctrl-C (SIGINT) during training, sent once the first epoch is done.
 #   lesson05  the run stops at the end of the step under way, says where, and exits 130
+#   lesson11  the same, in the tutorial's loop of lesson 11
 #   lesson10  the same, and the checkpoint keeps the last whole epoch: no temporary file is left,
 #             and a second run resumes from it
 set -u
@@ -10,14 +11,15 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { cat "$dir/out"; echo "interrupt.sh $case: $*" >&2; exit 1; }
 case $case in
-  lesson05) set -- --device cpu --quick --run textbook --epochs 100 ;;
-  lesson10) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100 ;;
+  lesson05) set -- --device cpu --quick --epochs 100; first="Epoch 1, " ;;
+  lesson10) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100; first="epoch 1/100" ;;
+  lesson11) set -- --device cpu --quick --run textbook --epochs 100; first="epoch 1/100" ;;
   *) echo "unknown case $case" >&2; exit 1 ;;
 esac
 "$binary" "$@" >"$dir/out" 2>&1 &
 pid=$!
 waited=0
-until grep -q "epoch 1/100" "$dir/out"; do  # the first epoch is done (and saved)
+until grep -q "$first" "$dir/out"; do  # the first epoch is done (and saved)
   kill -0 "$pid" 2>/dev/null || fail "ended before its first epoch"
   [ "$waited" -lt 2400 ] || { kill -9 "$pid"; fail "no epoch within 240 s"; }
   sleep 0.1

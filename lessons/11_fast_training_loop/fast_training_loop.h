@@ -1,5 +1,5 @@
-// training_loop.h: what lesson 05 teaches, callable from its tests and benchmarks.
-// See training_loop.cpp.
+// fast_training_loop.h: what lesson 11 teaches, callable from its tests and benchmarks.
+// See fast_training_loop.cpp.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include "common/compare.h"  // defines: course::tolerance_for
 #include "common/data.h"  // defines: course::ImageSet
 
-namespace lesson05 {
+namespace lesson11 {
 
 // ---- knobs -----------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 5;
@@ -228,4 +228,4 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
                              bool progress = false, int workers = 0);
 
 
-}  // namespace lesson05
+}  // namespace lesson11
