@@ -1,6 +1,7 @@
-// bench_checkpoint: lesson 10's costs. Saving and loading a model of a few hundred MB, from and to
-// the CPU and the GPU (atomic save with fsync against an in-place save_to(path)), and activation
-// checkpointing's step time and peak memory against the plain step. GPU timings synchronize
+// bench_checkpoint: the costs of checkpoints. Saving and loading a model of a few hundred MB, from
+// and to the CPU and the GPU (lesson 10's atomic save with fsync against an in-place
+// save_to(path)), and lesson 13's activation checkpointing: step time and peak memory against the
+// plain step. GPU timings synchronize
 // before reading the clock; files go to $TMPDIR (default /tmp), so disk speed is part of a save.
 //
 // Run: build/bin/bench_checkpoint --benchmark_out=checkpoint.json --benchmark_out_format=json
@@ -12,6 +13,9 @@
 #include "bench.h"
 #include "checkpointing.h"
 #include "common/memory.h"
+// Lesson 13 is one file with its own main(); the benchmark includes it for its functions.
+#define GPU_LESSONS_NO_MAIN
+#include "activation_checkpointing.cpp"
 
 namespace {
 
@@ -96,11 +100,11 @@ void activation(benchmark::State& state, const torch::Device& device) {
   const bool checkpointed = state.range(0) != 0;
   const int depth = static_cast<int>(state.range(1));
   const std::int64_t batch = state.range(2);
-  torch::manual_seed(lesson10::kSeed);
-  lesson10::DeepMlp model(depth, lesson10::kDeepWidth);
-  const lesson10::StepCost cost = lesson10::measure_step(model, batch, checkpointed, device);
+  torch::manual_seed(lesson13::kSeed);
+  lesson13::DeepMlp model(depth, lesson13::kDeepWidth);
+  const lesson13::StepCost cost = lesson13::measure_step(model, batch, checkpointed, device);
   const auto options = torch::TensorOptions().device(device);
-  const torch::Tensor x = torch::randn({batch, lesson10::kDeepWidth}, options);
+  const torch::Tensor x = torch::randn({batch, lesson13::kDeepWidth}, options);
   const torch::Tensor y = torch::randint(0, 10, {batch}, options.dtype(torch::kLong));
   bench::run_timed(state, device, [&] {
     for (auto& p : model->parameters()) p.mutable_grad().zero_();

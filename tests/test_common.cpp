@@ -17,6 +17,7 @@
 #include "common/compare.h"
 #include "common/data.h"
 #include "common/device.h"
+#include "common/generator.h"
 #include "common/interrupt.h"
 #include "common/memory.h"
 #include "common/nvml.h"
@@ -418,6 +419,18 @@ TEST_F(CudaTest, CachingAllocatorStats) {
   course::empty_cache(device);
   EXPECT_LT(course::memory_stats(device).reserved, freed.reserved);
   EXPECT_GT(course::device_memory(device).total, 0);
+}
+
+// ---- generators ----------------------------------------------------------------------------
+
+// Tests that a CPU generator state read and put back makes the next draws repeat.
+TEST(Generator, StatePutBackRepeatsTheDraws) {
+  torch::manual_seed(3);
+  const torch::Tensor state = course::rng_state(c10::kCPU);
+  const torch::Tensor first = torch::rand({8});
+  EXPECT_FALSE(torch::equal(torch::rand({8}), first));
+  course::set_rng_state(c10::kCPU, state);
+  EXPECT_TRUE(torch::equal(torch::rand({8}), first));
 }
 
 // ---- timing and synthetic data -----------------------------------------------------------------

@@ -1,5 +1,5 @@
 // checkpointing.h: what lesson 10 teaches, callable from its tests and benchmarks.
-// See checkpointing.cpp (parts 0-5) and activation_checkpointing.h (part 6).
+// See checkpointing.cpp (parts 0-5).
 #pragma once
 
 #include <torch/torch.h>
@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "activation_checkpointing.h"  // part 6
 #include "common/compare.h"  // defines: course::max_abs_diff, tolerance_for
 #include "common/verdict.h"  // defines: course::CourseError
 #include "fast_training_loop.h"   // defines: lesson11's Mlp, Trainer, make_trainer (the model trained)

@@ -1,6 +1,6 @@
 // Lesson 10 — checkpointing: save a model and load it anywhere; save a training run, resume it
-// exactly, survive a crash mid-save; read and write Python's state_dict files. (Part 6,
-// activation checkpointing, is in activation_checkpointing.cpp.)
+// exactly, survive a crash mid-save; read and write Python's state_dict files. (Activation
+// checkpointing is lesson 13.)
 //
 // You will learn:
 //   - part 0, the recipe: torch::save(model, path) and torch::load(model, path), Python's
@@ -25,8 +25,8 @@
 // Checks: each part's claim (the weights read back equal; a resumed run equals an uninterrupted
 //         one bitwise; every kill of an atomic save leaves a loadable file; a checkpoint loads on
 //         the CPU, and on a GPU, equal, optimizer state included; every bad file is refused, the
-//         model untouched; the file for Python reads back equal; activation checkpointing gives
-//         the same gradients with a lower peak), and the test accuracy against lesson 05's bar.
+//         model untouched; the file for Python reads back equal), and the test accuracy against
+//         lesson 05's bar.
 //         With --checkpoint / --to-python: what was written reads back equal. Exit 0 PASS,
 //         1 FAIL, 2 bad flag, missing data or bad checkpoint, 130 stopped by Ctrl-C.
 #include "checkpointing.h"
@@ -1015,7 +1015,6 @@ int lesson_main(int argc, char** argv) {
   map_devices(lesson, run_pt, saved, progress);
   refuse_bad_files(lesson, run_pt, resumed, progress);
   python_files(lesson, resumed.model);
-  lesson10::activation_checkpointing_part(lesson.device, lesson.quick, lesson.seed, lesson.verdict);
 
   const double accuracy = lesson11::evaluate(resumed.model, lesson.test, lesson.device);
   std::printf("\ntest accuracy: %.4f\n", accuracy);

@@ -1,28 +1,74 @@
-// Lesson 10, part 6 — activation checkpointing: trade recomputation for memory inside one step.
+// Lesson 13 (going further) — activation checkpointing: trade recomputation for memory inside
+// one training step (the syllabus's "gradient checkpointing").
 //
 // Backward needs what forward computed (each Linear's input, each ReLU's output, each dropout
-// mask). For a deep model and a large batch those activations fill the memory. Checkpointing keeps
-// only each segment's input and runs the segment again in backward. Python has
-// torch.utils.checkpoint; LibTorch has nothing like it, so this file writes one: a custom autograd
-// Function that recomputes its segment with the RNG replayed, so that dropout draws the same masks.
-// Checks (run by the lesson, Part 6): the same loss and gradients as the plain model (tolerance by
-// dtype), the first segment's too (its input requires no grad), and a lower peak in every cell.
-#include "activation_checkpointing.h"
+// mask). For a deep model and a large batch those activations fill the memory (lesson 07 measures
+// them). Checkpointing keeps only each segment's input and runs the segment again in backward.
+// Python has torch.utils.checkpoint; LibTorch has nothing like it, so this lesson writes one: a
+// custom autograd Function that recomputes its segment with the RNG replayed, so that dropout
+// draws the same masks.
+//
+// You will learn:
+//   - torch::autograd::Function: a forward that saves only its input, a backward that recomputes
+//     and differentiates, the parameters passed in so that they get their gradients;
+//   - why the RNG must be replayed (dropout), and what a step's peak memory and time become.
+//
+// Run:    build/bin/lesson13_activation_checkpointing [--device auto|cpu|cuda|cuda:N] [--quick]
+//                                                     [--seed N]
+// Checks: the same loss and gradients as the plain model within the fp32 tolerance
+//         (course::tolerance_for), the first segment's too (its input requires no grad), and a
+//         lower peak in every cell of the table. Exit 0 PASS, 1 FAIL, 2 bad flag.
+#include <torch/torch.h>  // defines: torch::autograd::Function, torch::nn
 
 #include <ATen/core/ivalue.h>  // defines: IValue::make_capsule
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <vector>
 
-#include "checkpointing.h"   // defines: rng_state, set_rng_state
-#include "common/device.h"   // defines: format_bytes, synchronize
-#include "common/memory.h"   // defines: memory_stats, reset_peak_memory
-#include "common/timing.h"   // defines: time_median
-#include "common/verdict.h"  // defines: Verdict
+#include "common/cli.h"        // defines: Cli, start_lesson
+#include "common/compare.h"    // defines: max_rel_diff, tolerance_for
+#include "common/device.h"     // defines: format_bytes, synchronize
+#include "common/generator.h"  // defines: rng_state, set_rng_state
+#include "common/memory.h"     // defines: memory_stats, reset_peak_memory
+#include "common/timing.h"     // defines: time_median
+#include "common/verdict.h"    // defines: Verdict, report_error
 
-namespace lesson10 {
+namespace lesson13 {
+
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 13;
+// A deep MLP (width x width layers, ReLU, dropout), checkpointed in segments.
+constexpr std::int64_t kDeepWidth = 512;
+constexpr int kSegment = 4;       // layers recomputed together: one saved input per segment
+constexpr double kDropout = 0.1;  // random, so recomputation must replay the RNG
+constexpr int kTimedSteps = 3;    // median of this many steps per table cell
+
+/// Layers of Linear(width, width) + ReLU + Dropout in segments of kSegment, then Linear(width, 10).
+struct DeepMlpImpl : torch::nn::Module {
+  DeepMlpImpl(int depth, std::int64_t width);
+  /// With `checkpointed`, every segment runs through checkpoint().
+  torch::Tensor forward(const torch::Tensor& x, bool checkpointed, bool preserve_rng = true);
+  std::vector<torch::nn::Sequential> segments;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(DeepMlp);
+
+/// One training step's cost (forward, loss, backward; no optimizer).
+struct StepCost {
+  std::int64_t peak_bytes = 0;  ///< peak allocated during the step, above what was live before
+  double seconds = 0;           ///< median of kTimedSteps (after one warm-up step)
+};
+
+/// Loss and gradients of one step on a fixed batch, the RNG seeded with `seed` first.
+struct StepResult {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> gradients;  ///< in parameters() order
+};
+
 
 namespace {
 
@@ -37,14 +83,14 @@ struct SegmentHolder : torch::CustomClassHolder {
 struct RngStates {
   torch::Device device;
   torch::Tensor cpu, cuda;
-  explicit RngStates(const torch::Device& d) : device(d), cpu(rng_state(torch::kCPU)) {
-    if (d.is_cuda()) cuda = rng_state(d);
+  explicit RngStates(const torch::Device& d) : device(d), cpu(course::rng_state(torch::kCPU)) {
+    if (d.is_cuda()) cuda = course::rng_state(d);
   }
   RngStates(const torch::Device& d, torch::Tensor c, torch::Tensor g)
       : device(d), cpu(std::move(c)), cuda(std::move(g)) {}
   void restore() const {
-    set_rng_state(torch::kCPU, cpu);
-    if (cuda.defined()) set_rng_state(device, cuda);
+    course::set_rng_state(torch::kCPU, cpu);
+    if (cuda.defined()) course::set_rng_state(device, cuda);
   }
 };
 
@@ -122,6 +168,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 }  // namespace
 
+// Runs `block` on `input` without keeping its activations; backward runs it again (with the RNG
+// as it was, when `preserve_rng`) and differentiates that (torch.utils.checkpoint's job).
 torch::Tensor checkpoint(torch::nn::Sequential block, const torch::Tensor& input,
                          bool preserve_rng) {
   const std::vector<torch::Tensor> parameters = block->parameters();
@@ -187,7 +235,7 @@ StepCost measure_step(DeepMlp& model, std::int64_t batch, bool checkpointed,
 }
 
 StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::Tensor& y,
-                          bool checkpointed, std::uint64_t seed, bool preserve_rng) {
+                          bool checkpointed, std::uint64_t seed, bool preserve_rng = true) {
   model->train();
   zero_gradients(*model);
   torch::manual_seed(seed);  // the same dropout masks for both ways
@@ -204,10 +252,9 @@ StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::T
 
 
 //! [activation-part]
-void activation_checkpointing_part(const torch::Device& device, bool quick, std::uint64_t seed,
+void compare_plain_and_checkpointed(const torch::Device& device, bool quick, std::uint64_t seed,
                                    course::Verdict& verdict) {
-  std::cout << "\n== Part 6: activation checkpointing ==\n";
-  // 1. The same loss and gradients, with dropout on, from the same seed.
+    // 1. The same loss and gradients, with dropout on, from the same seed.
   const std::int64_t width = quick ? kDeepWidth / 2 : kDeepWidth;
   const int check_depth = 2 * kSegment;
   torch::manual_seed(seed);
@@ -265,4 +312,22 @@ void activation_checkpointing_part(const torch::Device& device, bool quick, std:
 }
 //! [activation-part]
 
-}  // namespace lesson10
+}  // namespace lesson13
+
+// ---- main --------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson13.cpp includes this file for its functions
+int main(int argc, char** argv) try {
+  course::CommonOptions options;
+  options.seed = lesson13::kSeed;
+  course::Cli cli("lesson13_activation_checkpointing",
+                  "Lesson 13: activation checkpointing, the same gradients for less memory.",
+                  options);
+  if (auto code = cli.parse(argc, argv)) return *code;
+  const torch::Device device = course::start_lesson(options);
+  course::Verdict verdict;
+  lesson13::compare_plain_and_checkpointed(device, options.quick, options.seed, verdict);
+  return verdict.finish("lesson 13 on " + device.str());
+} catch (...) {
+  return course::report_error();
+}
+#endif
