@@ -26,9 +26,12 @@ course::FashionMNIST numbered(std::int64_t n) {
 }
 
 // What the ATen operators that `work` dispatches on this thread did: how many of each name ran,
-// and how many ran with gradient recording on (an operator that records a graph).
+// how many ran with gradient recording on (an operator that records a graph), and the sizes of
+// the tensor of each aten::to call that names a device (operators call aten::to for a dtype too,
+// on tensors of a batch's sizes: only a move names a device).
 struct OperatorLog {
   std::map<std::string, int> calls;
+  std::vector<std::vector<std::int64_t>> to_sizes;  // of each aten::to naming a device
   int recording = 0;
   int total = 0;
 };
@@ -42,8 +45,16 @@ OperatorLog watch_operators(const std::function<void()>& work) {
         ++log->calls[fn.name()];
         ++log->total;
         if (c10::GradMode::is_enabled()) ++log->recording;
+        const auto inputs = fn.inputs();
+        const bool names_a_device = std::any_of(inputs.begin(), inputs.end(),
+                                                [](const c10::IValue& v) { return v.isDevice(); });
+        if (std::string(fn.name()) == "aten::to" && names_a_device && inputs[0].isTensor()) {
+          log->to_sizes.push_back(inputs[0].toTensor().sizes().vec());
+        }
         return nullptr;
-      }).scopes({at::RecordScope::FUNCTION}));
+      })
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION}));
   work();
   at::removeCallback(handle);
   log = nullptr;
@@ -126,7 +137,8 @@ TEST(Loaders, TestLoaderKeepsTheOrder) {
 }
 
 // Tests the moves where a CPU can see them: each step of the loop asks for its batch's features
-// and labels on the device (two aten::to calls a batch; on the CPU they copy nothing).
+// and labels on the device (two aten::to calls a batch, on the batch's own tensors; on the CPU
+// they copy nothing).
 TEST(Moves, EachBatchGoesToTheDevice) {
   torch::manual_seed(lesson05::kSeed);
   lesson05::ANN model;
@@ -136,8 +148,13 @@ TEST(Moves, EachBatchGoesToTheDevice) {
   auto loader = lesson05::make_train_loader(numbered(256), 64, /*workers=*/0);
   const OperatorLog log = watch_operators(
       [&] { lesson05::train_epoch(model, *loader, criterion, optimizer, torch::kCPU); });
-  EXPECT_GE(log.calls.count("aten::to") ? log.calls.at("aten::to") : 0, 2 * 4)
-      << "a batch's features or labels stayed on the host: copy them with .to(device) in the loop";
+  const auto count = [&](const std::vector<std::int64_t>& sizes) {
+    return std::count(log.to_sizes.begin(), log.to_sizes.end(), sizes);
+  };
+  EXPECT_EQ(count({64, 1, 28, 28}), 4)
+      << "a batch's features stayed on the host: copy them with .to(device) in the loop";
+  EXPECT_EQ(count({64}), 4)
+      << "a batch's labels stayed on the host: copy them with .to(device) in the loop";
 }
 
 // Tests that evaluation builds no graph: no operator of evaluate() runs with gradient recording
