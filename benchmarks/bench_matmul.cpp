@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 
 #include "bench.h"
-#include "moving_tensors.h"
+// Lesson 03 is one file with its own main(): its functions, without the main.
+#define GPU_LESSONS_NO_MAIN
+#include "moving_tensors.cpp"
 
 namespace {
 

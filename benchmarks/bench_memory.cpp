@@ -7,7 +7,9 @@
 
 #include "bench.h"
 #include "common/memory.h"
-#include "memory_management.h"
+// Lesson 07 is one file with its own main(): its functions, without the main.
+#define GPU_LESSONS_NO_MAIN
+#include "memory_management.cpp"
 
 namespace {
 

@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "common/device.h"
 #include "cuda_test.h"
-#include "device_check.h"
+#include "device_check.cpp"
 
 // Tests that the build facts agree with each other and with the GPU list.
 TEST(BuildInfo, FactsAreConsistent) {

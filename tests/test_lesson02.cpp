@@ -1,9 +1,11 @@
 // Tests of lesson 02: model->to(device) moves parameters and buffers in place.
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "cuda_test.h"
 #include "move_asked.h"
-#include "moving_model.h"
+#include "moving_model.cpp"
 
 namespace {
 int count_buffers(const std::vector<lesson02::Placement>& rows) {

@@ -1,8 +1,10 @@
 // Tests of lesson 03: what .to() copies, seeds across devices, pinned copies.
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "cuda_test.h"
-#include "moving_tensors.h"
+#include "moving_tensors.cpp"
 
 // Tests that .to() on a tensor already on the device returns that very tensor.
 TEST(MoveTensors, SameDeviceIsNoCopy) {

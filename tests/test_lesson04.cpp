@@ -1,8 +1,10 @@
 // Tests of lesson 04: the device-mismatch error, its HINT and its fix.
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "cuda_test.h"
-#include "mismatch_error.h"
+#include "mismatch_error.cpp"
 
 namespace {
 void expect_error_then_fix(const torch::Device& model_device) {

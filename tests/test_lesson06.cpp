@@ -1,8 +1,10 @@
 // Tests of lesson 06: graphs, inference tensors, peak memory and dropout under each mode.
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "cuda_test.h"
-#include "no_grad_eval.h"
+#include "no_grad_eval.cpp"
 
 namespace {
 

@@ -3,10 +3,12 @@
 
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
 #include "common/memory.h"
 #include "common/nvml.h"
 #include "cuda_test.h"
-#include "memory_management.h"
+#include "memory_management.cpp"
 
 namespace {
 

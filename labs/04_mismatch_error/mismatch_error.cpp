@@ -12,34 +12,55 @@
 // Checks: the CPU batch raises the mismatch error, the HINT names the fix, and the moved batch
 //         gives an output of the right shape on the model's device. Exit 0 PASS, 1 FAIL,
 //         2 bad flag.
-#include "mismatch_error.h"
+#include <torch/torch.h>  // defines: torch::nn::Module, torch::addmm, c10::Error
 
+#include <cstdint>
 #include <iostream>
+#include <string>
 
-#include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/verdict.h" // defines: Verdict, error_message
+#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
 namespace lesson04 {
 
-ClassifierImpl::ClassifierImpl(std::int64_t features, std::int64_t classes,
-                               const torch::Device& device) {
-  const auto on = torch::TensorOptions().device(device);
-  mean = register_buffer("mean", torch::zeros({features}, on));
-  scale = register_buffer("scale", torch::ones({features}, on));
-  weight = register_parameter("weight", torch::randn({classes, features}, on) * 0.1);
-  bias = register_parameter("bias", torch::zeros({classes}, on));
-}
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 4;
+constexpr std::int64_t kFeatures = 16;
+constexpr std::int64_t kClasses = 4;
+constexpr std::int64_t kBatch = 8;
+/// The stable part of LibTorch's message when an op mixes devices (1.13 and 2.x).
+constexpr const char* kMismatchText = "Expected all tensors to be on the same device";
 
-torch::Tensor ClassifierImpl::forward(const torch::Tensor& x) {
-  // The first op that sees both x and the model's state is where a mismatch is caught.
-  const torch::Tensor z = (x - mean) / scale;
-  return torch::addmm(bias, z, weight.t());
-}
+/// A classifier that standardizes its input with stored statistics (buffers), then applies a
+/// linear layer. Its state can be created on any device, the meta device included.
+struct ClassifierImpl : torch::nn::Module {
+  ClassifierImpl(std::int64_t features, std::int64_t classes,
+                 const torch::Device& device = torch::kCPU) {
+    const auto on = torch::TensorOptions().device(device);
+    mean = register_buffer("mean", torch::zeros({features}, on));
+    scale = register_buffer("scale", torch::ones({features}, on));
+    weight = register_parameter("weight", torch::randn({classes, features}, on) * 0.1);
+    bias = register_parameter("bias", torch::zeros({classes}, on));
+  }
 
+  torch::Tensor forward(const torch::Tensor& x) {
+    // The first op that sees both x and the model's state is where a mismatch is caught.
+    const torch::Tensor z = (x - mean) / scale;
+    return torch::addmm(bias, z, weight.t());
+  }
+
+  torch::Tensor mean, scale, weight, bias;
+};
+TORCH_MODULE(Classifier);
+
+/// Where the demonstration puts the model: the GPU when `device` is CUDA; otherwise the meta
+/// device (tensors with shapes but no data), which raises the same error on any machine.
 torch::Device model_device_for(const torch::Device& device) {
   return device.is_cuda() ? device : torch::Device(torch::kMeta);
 }
 
+/// The model on `model_device`: built on the CPU and moved (the usual way) when that is a GPU;
+/// built directly on the meta device otherwise (LibTorch 1.13 cannot move a module to meta).
 Classifier make_model(const torch::Device& model_device) {
   if (model_device.is_meta()) return Classifier(kFeatures, kClasses, model_device);
   Classifier model(kFeatures, kClasses);
@@ -47,7 +68,15 @@ Classifier make_model(const torch::Device& model_device) {
   return model;
 }
 
+/// The device of a model's parameters.
 torch::Device device_of(Classifier& model) { return model->parameters().front().device(); }
+
+/// The outcome of one forward pass.
+struct Attempt {
+  bool threw = false;
+  std::string message;   ///< first line of the error, no backtrace
+  torch::Tensor output;  ///< defined when it ran
+};
 
 namespace {
 Attempt attempt(Classifier& model, const torch::Tensor& batch) {
@@ -62,6 +91,7 @@ Attempt attempt(Classifier& model, const torch::Tensor& batch) {
 }
 }  // namespace
 
+/// The mistake: a batch left on the CPU fed to the model.
 //! [mistake]
 Attempt feed_cpu_batch(Classifier& model) {
   const torch::Tensor batch = torch::randn({kBatch, kFeatures});  // on the CPU
@@ -69,6 +99,7 @@ Attempt feed_cpu_batch(Classifier& model) {
 }
 //! [mistake]
 
+/// The fix: the batch moved to the model's device first.
 //! [fix]
 Attempt feed_moved_batch(Classifier& model) {
   const torch::Tensor batch = torch::randn({kBatch, kFeatures});
@@ -78,6 +109,7 @@ Attempt feed_moved_batch(Classifier& model) {
 }
 //! [fix]
 
+/// The HINT the lesson prints for an error message ("" when the message is another error).
 std::string hint_for(const std::string& message) {
   if (message.find(kMismatchText) == std::string::npos) return "";
   return "move the inputs to the model's device before the forward pass, e.g. "
@@ -87,13 +119,16 @@ std::string hint_for(const std::string& message) {
 
 }  // namespace lesson04
 
-int lesson_main(int argc, char** argv) {
+// ---- main
+// ----------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson04.cpp includes this file for its functions
+int main(int argc, char** argv) try {
   using namespace lesson04;
   course::CommonOptions options;
   options.seed = kSeed;
-  course::Cli cli("lesson04_mismatch_error",
-                  "Lesson 04: the 'Expected all tensors to be on the same device' error and its fix.",
-                  options);
+  course::Cli cli(
+      "lesson04_mismatch_error",
+      "Lesson 04: the 'Expected all tensors to be on the same device' error and its fix.", options);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
@@ -103,7 +138,8 @@ int lesson_main(int argc, char** argv) {
   Classifier model = make_model(model_device);
   if (model_device.is_meta()) {
     std::cout << "No GPU in use: the model goes to the meta device, which raises the same error "
-                 "as a GPU would.\n  (With a GPU, the message names the two devices, e.g. cuda:0 and cpu.)\n";
+                 "as a GPU would.\n  (With a GPU, the message names the two devices, e.g. cuda:0 "
+                 "and cpu.)\n";
   }
   std::cout << "Model on " << device_of(model) << "; feeding it a batch on cpu...\n";
 
@@ -111,8 +147,9 @@ int lesson_main(int argc, char** argv) {
   if (mistake.threw) {
     course::print_error(mistake.message, hint_for(mistake.message));
   }
-  verdict.check(mistake.threw && mistake.message.find(kMismatchText) != std::string::npos,
-                "a CPU batch fed to a model on " + model_device.str() + " raises the mismatch error");
+  verdict.check(
+      mistake.threw && mistake.message.find(kMismatchText) != std::string::npos,
+      "a CPU batch fed to a model on " + model_device.str() + " raises the mismatch error");
   verdict.check(!hint_for(mistake.message).empty(), "the error gets a HINT naming the fix");
 
   std::cout << "Fix: batch.to(" << device_of(model) << ") before the forward pass...\n";
@@ -121,9 +158,9 @@ int lesson_main(int argc, char** argv) {
       !fixed.threw && fixed.output.sizes() == torch::IntArrayRef({kBatch, kClasses});
   verdict.check(right_shape && fixed.output.device() == model_device,
                 "the moved batch runs: output " +
-                    (fixed.threw ? std::string("none") : std::to_string(fixed.output.size(0)) +
-                                                             "x" +
-                                                             std::to_string(fixed.output.size(1))) +
+                    (fixed.threw ? std::string("none")
+                                 : std::to_string(fixed.output.size(0)) + "x" +
+                                       std::to_string(fixed.output.size(1))) +
                     " on " + model_device.str());
   if (model_device.is_meta()) {
     std::cout << "  (meta tensors carry shapes and dtypes but no numbers: nothing to print)\n";
@@ -131,4 +168,7 @@ int lesson_main(int argc, char** argv) {
     std::cout << "  first row of the output: " << fixed.output[0].to(torch::kCPU) << "\n";
   }
   return verdict.finish("lesson 04 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
 }
+#endif

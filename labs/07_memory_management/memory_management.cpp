@@ -17,41 +17,57 @@
 // Checks: peak memory grows with the batch size; freed memory returns to the baseline; the OOM
 //         loop ends on a batch that fits after at least one failure. Exit 0 PASS, 1 FAIL, 2 bad
 //         flag.
-#include "memory_management.h"
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, c10::OutOfMemoryError
+#include <unistd.h>       // defines: getpid
 
-#include <unistd.h>  // defines: getpid
-
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
 #endif
 
-#include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/device.h"  // defines: format_bytes
-#include "common/memory.h"  // defines: the CPU's counting allocator and budget, device_memory
-#include "common/nvml.h"    // defines: smi_view (nvidia-smi's view, from the driver's NVML)
-#include "common/verdict.h" // defines: Verdict, error_message
+#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/device.h"   // defines: format_bytes
+#include "common/memory.h"   // defines: MemoryStats, the CPU's counting allocator and budget
+#include "common/nvml.h"     // defines: smi_view (nvidia-smi's view, from the driver's NVML)
+#include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
 namespace lesson07 {
+
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 7;
+constexpr std::int64_t kHidden = 1024;  // wide enough that activations dominate a step's memory
+const std::vector<std::int64_t> kBatchSizes = {64, 256, 1024, 4096};
+constexpr std::int64_t kFreeBytes = 256 << 20;     // the tensor freed in the free/empty demo
+constexpr std::int64_t kCpuBudget = 256 << 20;     // CPU: allocations past this throw OOM
+constexpr std::int64_t kCpuOomStartBatch = 65536;  // CPU: first batch the OOM loop tries
 
 namespace {
 std::string mib(std::int64_t bytes) { return course::format_bytes(static_cast<double>(bytes)); }
 }  // namespace
 
-NetImpl::NetImpl() {
-  fc1 = register_module("fc1", torch::nn::Linear(784, kHidden));
-  fc2 = register_module("fc2", torch::nn::Linear(kHidden, kHidden));
-  fc3 = register_module("fc3", torch::nn::Linear(kHidden, 10));
-}
+/// A wider MLP: 784 -> 1024 -> ReLU -> 1024 -> ReLU -> 10.
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, kHidden));
+    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kHidden));
+    fc3 = register_module("fc3", torch::nn::Linear(kHidden, 10));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = torch::relu(fc1(x));  // one statement per layer: see lesson 06
+    h = torch::relu(fc2(h));
+    return fc3(h);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Net);
 
-torch::Tensor NetImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = torch::relu(fc1(x));  // one statement per layer: see lesson 06
-  h = torch::relu(fc2(h));
-  return fc3(h);
-}
-
+/// Bytes in the tensors that make up the model's training state: parameters, their gradients
+/// and the optimizer's state (Adam: two moments per parameter).
 std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
   std::int64_t bytes = 0;
   for (const auto& p : model->parameters()) {
@@ -67,6 +83,8 @@ std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
 }
 
 // ---- reading the allocator -------------------------------------------------------------------
+/// The memory of `device`: on CUDA the caching allocator's statistics, read with its own API; on
+/// the CPU the course's counting allocator (common/memory.h), which LibTorch does not have.
 //! [read-memory]
 course::MemoryStats read_memory(const torch::Device& device) {
 #ifdef GPU_LESSONS_WITH_CUDA
@@ -76,17 +94,18 @@ course::MemoryStats read_memory(const torch::Device& device) {
     // The allocator exists once CUDA is initialised: here the model's move has done that.
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     course::MemoryStats m;  // element [0] of each array: the small and the large pool together
-    m.allocated = stats.allocated_bytes[0].current;     // memory_allocated()
-    m.peak_allocated = stats.allocated_bytes[0].peak;   // max_memory_allocated()
-    m.reserved = stats.reserved_bytes[0].current;       // memory_reserved()
-    m.peak_reserved = stats.reserved_bytes[0].peak;     // max_memory_reserved()
-    m.allocations = stats.allocation[0].allocated;      // allocations since the last reset
+    m.allocated = stats.allocated_bytes[0].current;    // memory_allocated()
+    m.peak_allocated = stats.allocated_bytes[0].peak;  // max_memory_allocated()
+    m.reserved = stats.reserved_bytes[0].current;      // memory_reserved()
+    m.peak_reserved = stats.reserved_bytes[0].peak;    // max_memory_reserved()
+    m.allocations = stats.allocation[0].allocated;     // allocations since the last reset
     return m;
   }
 #endif
   return course::memory_stats(device);  // the CPU has no caching allocator: the course counts
 }
 
+/// Starts a new peak and allocation count (torch.cuda.reset_peak_memory_stats()).
 void reset_peak(const torch::Device& device) {
 #ifdef GPU_LESSONS_WITH_CUDA
   if (device.is_cuda()) {
@@ -99,6 +118,7 @@ void reset_peak(const torch::Device& device) {
 }
 //! [read-memory]
 
+/// One training step on a random batch made on `device`: forward, loss, backward, Adam.
 void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
                 const torch::Device& device) {
   const auto on = torch::TensorOptions().device(device);
@@ -110,6 +130,15 @@ void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t bat
   torch::nn::functional::cross_entropy(model->forward(x), y).backward();
   optimizer.step();
 }
+
+/// The memory one training step takes.
+struct StepMemory {
+  std::int64_t batch = 0;
+  std::int64_t peak = 0;         ///< peak allocated during the step, above what was there before
+  std::int64_t activations = 0;  ///< held after forward by the graph (and the batch) for backward
+  /// Activation bytes each sample adds: what makes a bigger batch cost more.
+  double bytes_per_sample() const { return batch ? static_cast<double>(activations) / batch : 0; }
+};
 
 //! [measure-step]
 StepMemory measure_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
@@ -136,6 +165,12 @@ StepMemory measure_step(Net& model, torch::optim::Optimizer& optimizer, std::int
 }
 //! [measure-step]
 
+/// What freeing a tensor and emptying the cache do to allocated and reserved memory.
+struct FreeFacts {
+  std::int64_t allocated_before = 0, allocated_with = 0, allocated_after = 0;
+  std::int64_t reserved_with = 0, reserved_after_free = 0, reserved_after_empty = 0;
+};
+
 //! [free-empty]
 FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
   FreeFacts f;
@@ -157,6 +192,15 @@ FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
 }
 //! [free-empty]
 
+/// One try of the out-of-memory loop.
+struct OomAttempt {
+  std::int64_t batch = 0;
+  bool fit = false;
+  std::string error;  ///< first line of the out-of-memory error, when it did not fit
+};
+
+/// Tries a training step at `start`, halving the batch after each out-of-memory error, until
+/// a step fits (or the batch would drop below 1).
 //! [oom-loop]
 std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& optimizer,
                                           std::int64_t start, const torch::Device& device) {
@@ -173,6 +217,8 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
 }
 //! [oom-loop]
 
+/// Prints what nvidia-smi shows for `device` (the driver's used and total, every process on the
+/// GPU with its memory) beside this process's allocator; on the CPU, that it is skipped.
 //! [smi-view]
 void show_smi_view(const torch::Device& device) {
   if (!device.is_cuda()) {
@@ -212,9 +258,61 @@ void show_smi_view(const torch::Device& device) {
 }
 //! [smi-view]
 
+// ---- the program's steps (main, below, runs them in order)
+// --------------------------------------- The training state against what the allocator holds after
+// the first step (on CUDA, also the cuBLAS workspaces and the device's total and free memory).
+void print_state(std::int64_t state, const course::MemoryStats& after_first_step,
+                 const torch::Device& device) {
+  std::cout << "Model and optimizer state: " << mib(state)
+            << " in tensors (parameters, gradients, Adam's two moments)\n"
+            << "The allocator after the first step: " << course::describe(after_first_step) << "\n";
+  if (!device.is_cuda()) return;
+  // cuBLAS takes a workspace from the caching allocator for each thread and stream that runs a
+  // matmul: the main thread's forward, and the backward on autograd's own thread.
+  std::cout << "  allocated beyond the state: " << mib(after_first_step.allocated - state)
+            << ", cuBLAS's workspaces (one per thread and stream that ran a matmul: this "
+               "thread's forward, autograd's thread's backward)\n";
+  const course::DeviceMemory dm = course::device_memory(device);
+  std::cout << "Device: " << mib(dm.total) << " total, " << mib(dm.free) << " free\n";
+}
+
+// measure_step() at each batch size, one row of the table each.
+std::vector<StepMemory> measure_batches(Net& model, torch::optim::Optimizer& optimizer,
+                                        const std::vector<std::int64_t>& batches,
+                                        const torch::Device& device) {
+  std::cout << "\n  batch   step peak   kept for backward   kept per sample\n";
+  std::vector<StepMemory> steps;
+  for (std::int64_t batch : batches) {
+    steps.push_back(measure_step(model, optimizer, batch, device));
+    const StepMemory& s = steps.back();
+    std::printf("  %5lld  %11s  %18s  %14.0f B\n", static_cast<long long>(batch),
+                mib(s.peak).c_str(), mib(s.activations).c_str(), s.bytes_per_sample());
+  }
+  std::cout << "  (the part that does not grow: gradients and the optimizer's temporaries)\n";
+  return steps;
+}
+
+// The first batch the OOM loop tries: on CUDA twice what the whole device could hold, at the
+// measured cost per sample; on the CPU kCpuOomStartBatch, under a budget of kCpuBudget.
+std::int64_t oom_start_batch(const torch::Device& device, double bytes_per_sample) {
+  if (!device.is_cuda()) {
+    course::set_cpu_memory_budget(read_memory(device).allocated + kCpuBudget);
+    std::cout << "\nCPU memory budget: " << mib(kCpuBudget)
+              << " above what is in use (the counting allocator enforces it)\n";
+    return kCpuOomStartBatch;
+  }
+  const double total = static_cast<double>(course::device_memory(device).total);
+  std::int64_t start = 1;
+  while (start * bytes_per_sample < 2.0 * total) start *= 2;
+  return start;
+}
+
 }  // namespace lesson07
 
-int lesson_main(int argc, char** argv) {
+// ---- main
+// ----------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson07.cpp and benchmarks/bench_memory.cpp include it
+int main(int argc, char** argv) try {
   using namespace lesson07;
   course::CommonOptions options;
   options.seed = kSeed;
@@ -232,31 +330,12 @@ int lesson_main(int argc, char** argv) {
   train_step(model, optimizer, 8, device);  // Adam's state exists from here on
   const std::int64_t state = state_bytes(model, optimizer);
   const course::MemoryStats after_first_step = read_memory(device);
-  std::cout << "Model and optimizer state: " << mib(state)
-            << " in tensors (parameters, gradients, Adam's two moments)\n"
-            << "The allocator after the first step: " << course::describe(after_first_step) << "\n";
-  if (device.is_cuda()) {
-    // cuBLAS takes a workspace from the caching allocator for each thread and stream that runs a
-    // matmul: the main thread's forward, and the backward on autograd's own thread.
-    std::cout << "  allocated beyond the state: " << mib(after_first_step.allocated - state)
-              << ", cuBLAS's workspaces (one per thread and stream that ran a matmul: this "
-                 "thread's forward, autograd's thread's backward)\n";
-    const course::DeviceMemory dm = course::device_memory(device);
-    std::cout << "Device: " << mib(dm.total) << " total, " << mib(dm.free) << " free\n";
-  }
+  print_state(state, after_first_step, device);
 
   // ---- peak memory of a training step against the batch size --------------------------------
   std::vector<std::int64_t> batches = kBatchSizes;
   if (options.quick) batches.resize(3);
-  std::cout << "\n  batch   step peak   kept for backward   kept per sample\n";
-  std::vector<StepMemory> steps;
-  for (std::int64_t batch : batches) {
-    steps.push_back(measure_step(model, optimizer, batch, device));
-    const StepMemory& s = steps.back();
-    std::printf("  %5lld  %11s  %18s  %14.0f B\n", static_cast<long long>(batch), mib(s.peak).c_str(),
-                mib(s.activations).c_str(), s.bytes_per_sample());
-  }
-  std::cout << "  (the part that does not grow: gradients and the optimizer's temporaries)\n";
+  const std::vector<StepMemory> steps = measure_batches(model, optimizer, batches, device);
   bool grows = true;
   for (size_t i = 1; i < steps.size(); ++i) grows &= steps[i].peak > steps[i - 1].peak;
   verdict.check(grows, "peak memory of a step grows with the batch size",
@@ -275,19 +354,7 @@ int lesson_main(int argc, char** argv) {
                 "freed memory returns to the baseline");
 
   // ---- out of memory, caught and recovered ------------------------------------------------------
-  std::int64_t start = kCpuOomStartBatch;
-  if (device.is_cuda()) {
-    // Twice what the whole device could hold, at the measured cost per sample.
-    const double per_sample = steps.back().bytes_per_sample();
-    start = 1;
-    while (start * per_sample < 2.0 * static_cast<double>(course::device_memory(device).total)) {
-      start *= 2;
-    }
-  } else {
-    course::set_cpu_memory_budget(read_memory(device).allocated + kCpuBudget);
-    std::cout << "\nCPU memory budget: " << mib(kCpuBudget)
-              << " above what is in use (the counting allocator enforces it)\n";
-  }
+  const std::int64_t start = oom_start_batch(device, steps.back().bytes_per_sample());
   std::cout << "\nOut of memory: start at batch " << start << ", halve until a step fits\n";
   const std::vector<OomAttempt> attempts = shrink_until_fits(model, optimizer, start, device);
   course::set_cpu_memory_budget(0);
@@ -300,7 +367,11 @@ int lesson_main(int argc, char** argv) {
                 std::to_string(attempts.size()) + " attempts, batch " +
                     std::to_string(attempts.back().batch));
 
-  // ---- what nvidia-smi shows ----------------------------------------------------------------------
+  // ---- what nvidia-smi shows
+  // ----------------------------------------------------------------------
   show_smi_view(device);
   return verdict.finish("lesson 07 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
 }
+#endif

@@ -11,20 +11,37 @@
 // Checks: a matmul on the chosen device matches the CPU within kProbeTolerance (relative), and
 //         the GPU count agrees with the GPUs listed. Exit 0 PASS, 1 FAIL, 2 bad flag
 //         (an unknown device, or a GPU index past the count).
-#include "device_check.h"
-
-#include <iostream>
-
+#include <torch/torch.h>    // defines: torch::cuda, torch::mm, torch::randn
 #include <torch/version.h>  // defines: TORCH_VERSION
 
-#include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/compare.h" // defines: max_rel_diff
-#include "common/device.h"  // defines: resolve_device, list_gpus, format_bytes
-#include "common/verdict.h" // defines: Verdict
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/compare.h"  // defines: max_rel_diff, tolerance_for
+#include "common/device.h"   // defines: resolve_device, list_gpus, format_bytes
+#include "common/verdict.h"  // defines: Verdict, report_error
 
 namespace lesson01 {
 
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 1;        // the probe's inputs derive from it
+constexpr std::int64_t kProbeSize = 512;  // side of the square matmul run on the chosen device
+// An fp32 matmul on two devices: the same sums in another order (common/compare.h says why 1e-5).
+constexpr double kProbeTolerance = course::tolerance_for(torch::kFloat);
+
 // ---- what LibTorch knows -----------------------------------------------------------------------
+/// What this LibTorch build and this machine offer.
+struct BuildInfo {
+  std::string torch_version;    ///< TORCH_VERSION from torch/version.h
+  bool cuda_compiled = false;   ///< this program was built against a CUDA LibTorch
+  bool cuda_available = false;  ///< torch::cuda::is_available(): CUDA built in and a GPU visible
+  int gpu_count = 0;
+  bool cudnn_available = false;
+};
+
 //! [build-info]
 BuildInfo build_info() {
   BuildInfo info;
@@ -39,6 +56,14 @@ BuildInfo build_info() {
 //! [build-info]
 
 // ---- how --device strings resolve --------------------------------------------------------------
+/// What one --device string turns into on this machine.
+struct Resolution {
+  std::string spec;       ///< the string, e.g. "cuda:1"
+  bool accepted = false;  ///< false: the lesson would exit 2
+  std::string outcome;    ///< "cuda:0", "cpu (fallback: ...)" or the error message
+};
+
+/// Resolves every form --device accepts (and one it does not), as the lesson prints them.
 std::vector<Resolution> resolve_examples() {
   std::vector<Resolution> rows;
   for (const std::string spec : {"auto", "cpu", "cuda", "cuda:0", "cuda:1", "banana"}) {
@@ -58,6 +83,8 @@ std::vector<Resolution> resolve_examples() {
 }
 
 // ---- a first computation on the device ---------------------------------------------------------
+/// Multiplies two seeded random matrices on `device` and on the CPU; returns the largest
+/// absolute difference, relative to the largest CPU value.
 //! [probe]
 double probe_device(const torch::Device& device, std::uint64_t seed) {
   // Create the inputs on the CPU from a seeded generator, then copy them: the CPU and CUDA
@@ -74,8 +101,10 @@ double probe_device(const torch::Device& device, std::uint64_t seed) {
 
 }  // namespace lesson01
 
-// ---- main ----------------------------------------------------------------------------------------
-int lesson_main(int argc, char** argv) {
+// ---- main
+// ----------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson01.cpp includes this file for its functions
+int main(int argc, char** argv) try {
   course::CommonOptions options;
   options.seed = lesson01::kSeed;
   course::Cli cli("lesson01_device_check",
@@ -104,8 +133,8 @@ int lesson_main(int argc, char** argv) {
               << row.outcome << "\n";
   }
 
-  std::cout << "\nProbe: " << lesson01::kProbeSize << "x" << lesson01::kProbeSize
-            << " matmul on " << device << " against the CPU\n";
+  std::cout << "\nProbe: " << lesson01::kProbeSize << "x" << lesson01::kProbeSize << " matmul on "
+            << device << " against the CPU\n";
   const double diff = lesson01::probe_device(device, options.seed);
 
   course::Verdict verdict;
@@ -114,4 +143,7 @@ int lesson_main(int argc, char** argv) {
   verdict.check(static_cast<int>(gpus.size()) == info.gpu_count,
                 "every GPU LibTorch counts is listed", std::to_string(gpus.size()) + " listed");
   return verdict.finish("lesson 01 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
 }
+#endif

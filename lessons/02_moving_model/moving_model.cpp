@@ -17,28 +17,58 @@
 //         kOutputTolerance, a new tensor is on the CPU unless its device is named (on CUDA, also
 //         .cuda() and to(kCUDA)), and to(kFloat64) converts every parameter.
 //         Exit 0 PASS, 1 FAIL, 2 bad flag.
-#include "moving_model.h"
+#include <torch/torch.h>  // defines: torch::nn, torch::optim
 
 #include <cmath>
+#include <cstdint>
 #include <iomanip>
 #include <iostream>
+#include <string>
+#include <vector>
 
-#include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/device.h"  // defines: format_bytes
-#include "common/verdict.h" // defines: Verdict, error_message
+#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/compare.h"  // defines: max_rel_diff, tolerance_for
+#include "common/device.h"   // defines: format_bytes
+#include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
 namespace lesson02 {
 
-NetImpl::NetImpl() {
-  fc1 = register_module("fc1", torch::nn::Linear(kInputs, kHidden));
-  norm = register_module("norm", torch::nn::BatchNorm1d(kHidden));
-  fc2 = register_module("fc2", torch::nn::Linear(kHidden, kClasses));
-}
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 2;
+constexpr std::int64_t kInputs = 784;  // a flattened 28x28 image
+constexpr std::int64_t kHidden = 128;
+constexpr std::int64_t kClasses = 10;
+constexpr std::int64_t kBatch = 32;  // rows of the batch used to compare outputs
+// fp32 outputs on two devices, relative to the largest (common/compare.h says why 1e-5).
+constexpr double kOutputTolerance = course::tolerance_for(torch::kFloat);
 
-torch::Tensor NetImpl::forward(const torch::Tensor& x) {
-  return fc2(torch::relu(norm(fc1(x))));
-}
+/// A small classifier with both kinds of state a module holds: parameters (Linear weights and
+/// biases, BatchNorm's affine) and buffers (BatchNorm's running statistics).
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(kInputs, kHidden));
+    norm = register_module("norm", torch::nn::BatchNorm1d(kHidden));
+    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kClasses));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(norm(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+  torch::nn::Linear fc2{nullptr};
+};
+TORCH_MODULE(Net);
 
+/// Where one parameter or buffer lives.
+struct Placement {
+  std::string name;
+  bool is_buffer = false;
+  torch::Device device{torch::kCPU};
+  torch::Dtype dtype = torch::kFloat;
+  std::int64_t bytes = 0;
+  const c10::TensorImpl* object = nullptr;  ///< the tensor object (same before and after .to)
+  const void* storage = nullptr;            ///< where its numbers are
+};
+
+/// Every parameter and buffer of `model`, in registration order.
 std::vector<Placement> inventory(const torch::nn::Module& model) {
   std::vector<Placement> rows;
   auto add = [&rows](const std::string& name, const torch::Tensor& t, bool is_buffer) {
@@ -50,6 +80,16 @@ std::vector<Placement> inventory(const torch::nn::Module& model) {
   for (const auto& item : model.named_buffers()) add(item.key(), item.value(), true);
   return rows;
 }
+
+/// What model->to(device) did.
+struct MoveReport {
+  std::vector<Placement> before;
+  std::vector<Placement> after;
+  std::int64_t bytes = 0;        ///< parameter + buffer bytes
+  bool all_on_device = false;    ///< every parameter and buffer now reports `device`
+  bool same_objects = false;     ///< the module still holds the same tensor objects (in place)
+  bool storage_changed = false;  ///< the numbers now live in new memory (false for cpu -> cpu)
+};
 
 //! [move]
 MoveReport move_model(Net& model, const torch::Device& device) {
@@ -72,19 +112,29 @@ MoveReport move_model(Net& model, const torch::Device& device) {
 }
 //! [move]
 
+/// Where new tensors go. Python's torch.set_default_device(device) makes every factory call
+/// (torch.zeros, torch.randn, ...) create on `device`; LibTorch has no such switch, so a new
+/// tensor is on the CPU unless its options name a device.
+struct NewTensors {
+  torch::Device plain{torch::kCPU};  ///< torch::zeros({2}): no device named
+  torch::Device told{torch::kCPU};   ///< torch::zeros({2}, device): the device named
+  torch::Device moved{torch::kCPU};  ///< torch::zeros({2}).to(device): made, then moved
+};
+
 //! [new-tensors]
 NewTensors where_new_tensors_go(const torch::Device& device) {
   // Python's torch.set_default_device("cuda") has no C++ counterpart in LibTorch (1.13 or 2.11):
   // the C++ headers have c10::set_default_dtype, for the dtype, and nothing for the device. So
   // name the device where a tensor is made, or make it and move it.
   NewTensors where;
-  where.plain = torch::zeros({2}).device();              // torch.zeros(2): on the CPU
-  where.told = torch::zeros({2}, device).device();       // torch.zeros(2, device=device)
-  where.moved = torch::zeros({2}).to(device).device();   // torch.zeros(2).to(device)
+  where.plain = torch::zeros({2}).device();             // torch.zeros(2): on the CPU
+  where.told = torch::zeros({2}, device).device();      // torch.zeros(2, device=device)
+  where.moved = torch::zeros({2}).to(device).device();  // torch.zeros(2).to(device)
   return where;
 }
 //! [new-tensors]
 
+/// Adam over the model's parameters, built after the move.
 //! [optimizer]
 torch::optim::Adam make_optimizer(Net& model) {
   // Built AFTER model->to(device): Adam keeps per-parameter moments that it creates, on the
@@ -95,6 +145,7 @@ torch::optim::Adam make_optimizer(Net& model) {
 }
 //! [optimizer]
 
+/// True when every tensor the optimizer will update is on `device` and is the model's own.
 bool optimizer_matches_model(torch::optim::Optimizer& optimizer, Net& model,
                              const torch::Device& device) {
   const auto& params = optimizer.param_groups().at(0).params();
@@ -106,6 +157,7 @@ bool optimizer_matches_model(torch::optim::Optimizer& optimizer, Net& model,
   return true;
 }
 
+/// One training step on `device` (random batch made on the CPU and moved); returns the loss.
 double train_step(Net& model, torch::optim::Optimizer& optimizer, const torch::Device& device) {
   model->train();
   const torch::Tensor x = torch::randn({kBatch, kInputs}).to(device);
@@ -117,11 +169,9 @@ double train_step(Net& model, torch::optim::Optimizer& optimizer, const torch::D
   return loss.item<double>();  // .item() copies one number back, and waits for the GPU
 }
 
-}  // namespace lesson02
-
-namespace {
-
-void print_table(const std::vector<lesson02::Placement>& rows) {
+// ---- the program's steps (main, below, runs them in order)
+// ---------------------------------------
+void print_table(const std::vector<Placement>& rows) {
   for (const auto& row : rows) {
     std::cout << "    " << std::left << std::setw(26) << row.name << std::setw(9)
               << (row.is_buffer ? "buffer" : "param") << std::setw(8) << row.device.str()
@@ -130,9 +180,52 @@ void print_table(const std::vector<lesson02::Placement>& rows) {
   }
 }
 
-}  // namespace
+// Prints where every tensor was and is, and checks that the move took all of them, in place, so
+// that `first_weight`, a reference taken before the move, sees the new device.
+void check_move(const MoveReport& report, const torch::Tensor& first_weight,
+                const torch::Device& device, course::Verdict& verdict) {
+  std::cout << "Before model->to(" << device << "):\n";
+  print_table(report.before);
+  std::cout << "After:\n";
+  print_table(report.after);
+  std::cout << "  " << report.after.size() << " tensors, " << course::format_bytes(report.bytes)
+            << (report.storage_changed ? " copied to " + device.str()
+                                       : " left where they were (already on " + device.str() + ")")
+            << "\n";
+  verdict.check(report.all_on_device, "every parameter and buffer is on " + device.str());
+  verdict.check(report.same_objects, "the move is in place (same tensor objects)");
+  verdict.check(first_weight.device() == device,
+                "a reference taken before the move sees the new device",
+                "fc1.weight on " + first_weight.device().str());
+}
 
-int lesson_main(int argc, char** argv) {
+// The mistake the order in main avoids, shown on a GPU: step once on the CPU, then move the
+// model; the optimizer's moments stay on the CPU.
+void show_optimizer_built_before_move(const torch::Device& device, std::uint64_t seed) {
+  if (!device.is_cuda()) {
+    std::cout << "  optimizer built before a CPU->GPU move (skipped: needs CUDA)\n";
+    return;
+  }
+  torch::manual_seed(seed);
+  Net late;
+  torch::optim::Adam early = make_optimizer(late);
+  train_step(late, early, torch::kCPU);  // Adam's moments are created on the CPU here
+  late->to(device);
+  try {
+    train_step(late, early, device);
+    std::cout << "  optimizer built before the move: the step ran (moments were moved?)\n";
+  } catch (const std::exception& error) {
+    std::cout << "  optimizer built before the move fails at its next step:\n    "
+              << course::error_message(error) << "\n";
+  }
+}
+
+}  // namespace lesson02
+
+// ---- main
+// ----------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson02.cpp includes this file for its functions
+int main(int argc, char** argv) try {
   using namespace lesson02;
   course::CommonOptions options;
   options.seed = kSeed;
@@ -149,21 +242,7 @@ int lesson_main(int argc, char** argv) {
   const torch::Tensor cpu_output = model->forward(batch);
   // A reference taken before the move: after it, the same object reports the new device.
   const torch::Tensor first_weight = model->fc1->weight;
-
-  const MoveReport report = move_model(model, device);
-  std::cout << "Before model->to(" << device << "):\n";
-  print_table(report.before);
-  std::cout << "After:\n";
-  print_table(report.after);
-  std::cout << "  " << report.after.size() << " tensors, " << course::format_bytes(report.bytes)
-            << (report.storage_changed ? " copied to " + device.str()
-                                       : " left where they were (already on " + device.str() + ")")
-            << "\n";
-  verdict.check(report.all_on_device, "every parameter and buffer is on " + device.str());
-  verdict.check(report.same_objects, "the move is in place (same tensor objects)");
-  verdict.check(first_weight.device() == device,
-                "a reference taken before the move sees the new device",
-                "fc1.weight on " + first_weight.device().str());
+  check_move(move_model(model, device), first_weight, device, verdict);
 
   //! [compare]
   // The batch must be on the model's device too (lesson 04 shows what happens otherwise).
@@ -179,28 +258,12 @@ int lesson_main(int argc, char** argv) {
   const double loss = train_step(model, optimizer, device);
   verdict.check(std::isfinite(loss), "a training step runs on " + device.str(),
                 "loss " + std::to_string(loss));
-
-  if (device.is_cuda()) {
-    // The mistake the order above avoids: step once on the CPU, then move the model.
-    torch::manual_seed(options.seed);
-    Net late;
-    torch::optim::Adam early = make_optimizer(late);
-    train_step(late, early, torch::kCPU);  // Adam's moments are created on the CPU here
-    late->to(device);
-    try {
-      train_step(late, early, device);
-      std::cout << "  optimizer built before the move: the step ran (moments were moved?)\n";
-    } catch (const std::exception& error) {
-      std::cout << "  optimizer built before the move fails at its next step:\n    "
-                << course::error_message(error) << "\n";
-    }
-  } else {
-    std::cout << "  optimizer built before a CPU->GPU move (skipped: needs CUDA)\n";
-  }
+  show_optimizer_built_before_move(device, options.seed);
 
   const NewTensors where = where_new_tensors_go(device);
-  std::cout << "New tensors: torch::zeros({2}) on " << where.plain << ", torch::zeros({2}, device) on "
-            << where.told << ", torch::zeros({2}).to(device) on " << where.moved << "\n";
+  std::cout << "New tensors: torch::zeros({2}) on " << where.plain
+            << ", torch::zeros({2}, device) on " << where.told
+            << ", torch::zeros({2}).to(device) on " << where.moved << "\n";
   verdict.check(where.plain.is_cpu() && where.told == device && where.moved == device,
                 "a new tensor is on the CPU unless its device is named (no default device)");
   if (device.is_cuda()) {
@@ -222,4 +285,7 @@ int lesson_main(int argc, char** argv) {
   for (const auto& p : model->parameters()) all_double &= p.scalar_type() == torch::kFloat64;
   verdict.check(all_double, "model->to(kFloat64) converts every parameter");
   return verdict.finish("lesson 02 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
 }
+#endif

@@ -16,17 +16,34 @@
 // Checks: the facts above, each on the chosen device; the CUDA-only ones print
 //         "(skipped: needs CUDA)" on the CPU; the three sums of squares agree. Exit 0 PASS,
 //         1 FAIL, 2 bad flag.
-#include "moving_tensors.h"
+#include <torch/torch.h>  // defines: torch::Tensor, its .to(), torch::randn, pin_memory
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 
-#include "common/cli.h"     // defines: Cli, start_lesson
-#include "common/timing.h"  // defines: time_median, describe, looks_busy
-#include "common/verdict.h" // defines: Verdict
+#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/timing.h"   // defines: time_median, describe, looks_busy
+#include "common/verdict.h"  // defines: Verdict, report_error
 
 namespace lesson03 {
+
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 3;
+constexpr std::int64_t kSmall = 1000;          // elements in the tensors the checks move
+constexpr std::int64_t kCopyBytes = 64 << 20;  // 64 MiB: large enough to measure bandwidth
+constexpr std::int64_t kCopyBytesQuick = 8 << 20;
+constexpr int kTimedRuns = 5;                  // median of this many, after one warm-up
+constexpr std::int64_t kLoopElements = 10000;  // the sum of squares computed three ways
+constexpr std::int64_t kLoopElementsQuick = 2000;
+
+/// What .to() gave back.
+struct MoveFacts {
+  bool same_tensor = false;   ///< the very same tensor object came back: no copy at all
+  bool new_storage = false;   ///< the result's numbers live in different memory
+  bool equal_values = false;  ///< the result holds the same numbers
+};
 
 namespace {
 MoveFacts compare(const torch::Tensor& original, const torch::Tensor& result) {
@@ -38,6 +55,7 @@ MoveFacts compare(const torch::Tensor& original, const torch::Tensor& result) {
 }
 }  // namespace
 
+/// `t.to(device)` for a tensor already on `device`.
 //! [to-same]
 MoveFacts to_same_device(const torch::Device& device) {
   const torch::Tensor t = torch::arange(kSmall, torch::TensorOptions().device(device));
@@ -45,11 +63,13 @@ MoveFacts to_same_device(const torch::Device& device) {
 }
 //! [to-same]
 
+/// `t.to(device, /*non_blocking=*/false, /*copy=*/true)`: a copy even when already there.
 MoveFacts forced_copy(const torch::Device& device) {
   const torch::Tensor t = torch::arange(kSmall, torch::TensorOptions().device(device));
   return compare(t, t.to(device, /*non_blocking=*/false, /*copy=*/true));
 }
 
+/// A CPU tensor `.to(device)`; on a CUDA device this is a host-to-device copy.
 //! [to-other]
 MoveFacts cpu_to(const torch::Device& device) {
   const torch::Tensor host = torch::arange(kSmall);
@@ -57,6 +77,7 @@ MoveFacts cpu_to(const torch::Device& device) {
 }
 //! [to-other]
 
+/// Same seed, same call, on the CPU and on `device`: are the random numbers identical?
 //! [seeds]
 bool same_seed_same_numbers(const torch::Device& device, std::uint64_t seed) {
   torch::manual_seed(seed);  // seeds the CPU generator and every CUDA generator
@@ -66,6 +87,7 @@ bool same_seed_same_numbers(const torch::Device& device, std::uint64_t seed) {
   return torch::equal(on_cpu, on_device.to(torch::kCPU));
 }
 
+/// Random numbers made on the CPU and moved: identical on both sides by construction.
 bool create_on_cpu_then_move_matches(const torch::Device& device, std::uint64_t seed) {
   torch::manual_seed(seed);
   const torch::Tensor on_cpu = torch::randn({kSmall});
@@ -74,6 +96,7 @@ bool create_on_cpu_then_move_matches(const torch::Device& device, std::uint64_t 
 }
 //! [seeds]
 
+/// A pinned host tensor copied with non_blocking=true arrives intact (CUDA only).
 //! [pinned]
 bool pinned_non_blocking_copy_matches(const torch::Device& device) {
   const torch::Tensor host = torch::rand({kSmall}).pin_memory();  // page-locked host memory
@@ -84,6 +107,7 @@ bool pinned_non_blocking_copy_matches(const torch::Device& device) {
 }
 //! [pinned]
 
+/// Host-to-device copy bandwidth in GB/s, from pageable or pinned host memory (CUDA only).
 double copy_bandwidth(const torch::Device& device, std::int64_t bytes, bool pinned) {
   torch::Tensor host = torch::ones({bytes / 4});
   if (pinned) host = host.pin_memory();
@@ -93,6 +117,8 @@ double copy_bandwidth(const torch::Device& device, std::int64_t bytes, bool pinn
 }
 
 // ---- one computation, three ways ----------------------------------------------------------------
+/// The sum of x[i]² over a 1-D float tensor, with a C++ loop that reads each element with
+/// `.item()`: one small copy to the host (and, on a GPU, one wait for it) per element.
 //! [item-loop]
 // Python: total = 0.0; for i in range(len(x)): total += x[i].item() ** 2
 double sum_of_squares_item_loop(const torch::Tensor& x) {
@@ -105,6 +131,7 @@ double sum_of_squares_item_loop(const torch::Tensor& x) {
 }
 //! [item-loop]
 
+/// The same with one copy to the host and a loop over a CPU accessor (plain C++ array reads).
 //! [accessor-loop]
 // Python: values = x.cpu().tolist(); total = sum(v * v for v in values)
 double sum_of_squares_accessor_loop(const torch::Tensor& x) {
@@ -116,6 +143,7 @@ double sum_of_squares_accessor_loop(const torch::Tensor& x) {
 }
 //! [accessor-loop]
 
+/// The same in one tensor op, on x's own device; one `.item()` brings the result back.
 //! [vectorized]
 // Python: total = (x.double() ** 2).sum().item()
 double sum_of_squares_vectorized(const torch::Tensor& x) {
@@ -125,13 +153,28 @@ double sum_of_squares_vectorized(const torch::Tensor& x) {
 }
 //! [vectorized]
 
-}  // namespace lesson03
-
-namespace {
+// ---- the program's steps (main, below, runs them in order)
+// --------------------------------------- Prints the times of creating `bytes` of random numbers on
+// the device and on the CPU then moved, and on a GPU the bandwidth of host-to-device copies,
+// pageable and pinned.
+void print_creation_and_copies(const torch::Device& device, std::int64_t bytes,
+                               const course::Timing& direct, const course::Timing& via_cpu) {
+  std::cout << "Creating " << bytes / (1 << 20) << " MiB of random numbers, median (fastest-"
+            << "slowest):\n  directly on " << device << ": " << course::describe_ms(direct)
+            << "\n  on the CPU, then .to(" << device << "): " << course::describe_ms(via_cpu)
+            << "\n";
+  if (course::looks_busy(direct) || course::looks_busy(via_cpu)) {
+    std::cout << course::busy_note() << "\n";
+  }
+  if (device.is_cuda()) {
+    std::cout << "Host-to-device copy of " << bytes / (1 << 20) << " MiB: pageable "
+              << copy_bandwidth(device, bytes, false) << " GB/s, pinned "
+              << copy_bandwidth(device, bytes, true) << " GB/s\n";
+  }
+}
 
 // The three ways on `device`: the same result, timed side by side.
 void compare_three_ways(const torch::Device& device, std::int64_t n, course::Verdict& verdict) {
-  using namespace lesson03;
   torch::manual_seed(kSeed);
   const torch::Tensor x = torch::rand({n}).to(device);
   struct Way {
@@ -149,8 +192,7 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
                                                  /*warmup=*/1, kTimedRuns);
     seconds[w] = t.median_s;
     busy = busy || course::looks_busy(t);
-    std::printf("  %-34s %-34s = %.6f\n", ways[w].name, course::describe_ms(t).c_str(),
-                results[w]);
+    std::printf("  %-34s %-34s = %.6f\n", ways[w].name, course::describe_ms(t).c_str(), results[w]);
   }
   if (busy) std::cout << course::busy_note() << "\n";
   std::printf("  the loop with .item() took %.0fx the time of the tensor op\n",
@@ -161,9 +203,12 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
                 "the element loop, the accessor loop and the tensor op give the same sum");
 }
 
-}  // namespace
+}  // namespace lesson03
 
-int lesson_main(int argc, char** argv) {
+// ---- main
+// ----------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson03.cpp and benchmarks/bench_matmul.cpp include it
+int main(int argc, char** argv) try {
   using namespace lesson03;
   course::CommonOptions options;
   options.seed = kSeed;
@@ -176,8 +221,8 @@ int lesson_main(int argc, char** argv) {
   course::Verdict verdict;
 
   const MoveFacts same = to_same_device(device);
-  verdict.check(same.same_tensor, "t.to(" + device.str() + ") on a tensor already there is t itself",
-                "no copy");
+  verdict.check(same.same_tensor,
+                "t.to(" + device.str() + ") on a tensor already there is t itself", "no copy");
   const MoveFacts forced = forced_copy(device);
   verdict.check(!forced.same_tensor && forced.new_storage && forced.equal_values,
                 "t.to(device, non_blocking=false, copy=true) makes a real copy");
@@ -208,21 +253,13 @@ int lesson_main(int argc, char** argv) {
   const std::int64_t n = bytes / 4;
   const auto direct = course::time_median(
       [&] { torch::randn({n}, torch::TensorOptions().device(device)); }, device, 1, kTimedRuns);
-  const auto via_cpu = course::time_median(
-      [&] { torch::randn({n}).to(device); }, device, 1, kTimedRuns);
+  const auto via_cpu =
+      course::time_median([&] { torch::randn({n}).to(device); }, device, 1, kTimedRuns);
   //! [create-where]
-  std::cout << "Creating " << bytes / (1 << 20) << " MiB of random numbers, median (fastest-"
-            << "slowest):\n  directly on " << device << ": " << course::describe_ms(direct)
-            << "\n  on the CPU, then .to(" << device << "): " << course::describe_ms(via_cpu)
-            << "\n";
-  if (course::looks_busy(direct) || course::looks_busy(via_cpu)) {
-    std::cout << course::busy_note() << "\n";
-  }
-  if (cuda) {
-    std::cout << "Host-to-device copy of " << bytes / (1 << 20) << " MiB: pageable "
-              << copy_bandwidth(device, bytes, false) << " GB/s, pinned "
-              << copy_bandwidth(device, bytes, true) << " GB/s\n";
-  }
+  print_creation_and_copies(device, bytes, direct, via_cpu);
   compare_three_ways(device, options.quick ? kLoopElementsQuick : kLoopElements, verdict);
   return verdict.finish("lesson 03 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
 }
+#endif
