@@ -29,6 +29,7 @@ void check(c10::DeviceType type, c10::ScalarType dtype) {
 #endif
 }
 
+//! [autocast-set]
 #if GPU_LESSONS_TORCH_AT_LEAST(2, 4)
 void set(c10::DeviceType type, bool enabled, c10::ScalarType dtype) {
   at::autocast::set_autocast_dtype(type, dtype);
@@ -50,6 +51,7 @@ c10::ScalarType dtype_of(c10::DeviceType type) {
                            : at::autocast::get_autocast_gpu_dtype();
 }
 #endif
+//! [autocast-set]
 
 }  // namespace
 
@@ -61,6 +63,7 @@ bool autocast_enabled(c10::DeviceType type) {
 #endif
 }
 
+//! [autocast-guard]
 Autocast::Autocast(c10::DeviceType type, c10::ScalarType dtype, bool enabled) : device_type_(type) {
   check(type, dtype);
   previous_enabled_ = autocast_enabled(type);
@@ -73,5 +76,6 @@ Autocast::~Autocast() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   set(device_type_, previous_enabled_, previous_dtype_);
 }
+//! [autocast-guard]
 
 }  // namespace course

@@ -54,6 +54,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       grads.push_back(p.grad());
     }
   }
+  //! [unscale]
   // 1/scale in double, then float: the scale is a power of two, so the product is exact.
   const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   found_inf_.zero_();
@@ -66,9 +67,11 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       g.mul_(inv_scale);
     }
   }
+  //! [unscale]
   state_ = State::kUnscaled;
 }
 
+//! [step-update]
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled) {
     optimizer.step();
@@ -106,6 +109,7 @@ void GradScaler::update() {
   }
   state_ = State::kReady;
 }
+//! [step-update]
 
 double GradScaler::get_scale() const { return options_.enabled ? scale_.item<double>() : 1.0; }
 

@@ -20,6 +20,7 @@
 
 namespace course {
 
+//! [options]
 /// torch.amp.GradScaler's arguments and defaults.
 struct GradScalerOptions {
   double init_scale = 65536.0;  ///< 2^16
@@ -30,6 +31,7 @@ struct GradScalerOptions {
   /// `GradScaler(enabled=use_amp)`, for loops that run in fp32 or bf16 as well.
   bool enabled = true;
 };
+//! [options]
 
 class GradScaler {
  public:

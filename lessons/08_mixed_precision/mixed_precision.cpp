@@ -49,11 +49,13 @@ constexpr std::uint64_t kSeed = 8;  // the first weights and the batch order, th
 // CPU (the one LibTorch 1.13's CPU autocast knows; fp32's range, so no scaler).
 constexpr torch::ScalarType kCudaDtype = torch::kHalf;
 constexpr torch::ScalarType kCpuDtype = torch::kBFloat16;
-constexpr int kEpochs = 2;                // per precision, on all 60,000 training images
-constexpr std::int64_t kBatchSize = 64;   // lesson 05's DataLoader(batch_size=64)
-constexpr int kWorkers = 2;               // and its num_workers=2
-constexpr double kLearningRate = 1e-3;    // optim.Adam(model.parameters(), lr=0.001)
+constexpr int kEpochs = 2;               // per precision, on all 60,000 training images
+constexpr std::int64_t kBatchSize = 64;  // lesson 05's DataLoader(batch_size=64)
+constexpr int kWorkers = 2;              // and its num_workers=2
+constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.001)
+//! [margin]
 constexpr double kAccuracyMargin = 0.01;  // the AMP loop's test accuracy within 1 point of fp32's
+//! [margin]
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
 // Timing: one step on one batch already on the device, at the training batch and at a large one
 // where the matmuls dominate; the median of kTimedRuns runs of as many steps as fill about
@@ -86,7 +88,7 @@ torch::Tensor train_epoch(Model& model, Loader& train_loader,
     optimizer.zero_grad();
     torch::Tensor loss;  // declared before the block: Python's `with` has no scope, C++'s has
     {
-      // >>> lab: autocast in `dtype` (on when use_amp) over the forward pass and the loss
+      // >>> lab: with autocast(): common/autocast.h's guard, in `dtype`, on when use_amp
       course::Autocast autocast(device.type(), dtype, /*enabled=*/use_amp);  // with autocast():
       // <<< lab
       torch::Tensor outputs = model->forward(features);
