@@ -1,124 +1,204 @@
-// Lesson 08 — mixed precision: autocast, a gradient scaler written in C++, and what they buy.
+// Lesson 08 — mixed precision: the tutorial's AMP loop, what autocast does op by op, and what
+// 16 bits buy.
 //
 // You will learn:
-//   - autocast runs eligible ops (matmul, linear, conv) in a 16-bit type and keeps the ones that
-//     need range or accuracy (losses, reductions) in fp32; the parameters, their gradients and
-//     the optimizer stay fp32. Which op does what is printed, not assumed: the CPU and CUDA
-//     policies differ;
-//   - fp16 has a narrow range: small gradients flush to zero. Scale the loss up, unscale the
-//     gradients before the step, skip steps that overflowed and adapt the scale: PyTorch's
-//     GradScaler, which LibTorch lacks, written here (bf16 has fp32's range and needs none);
-//   - on a GPU, tensor cores make 16-bit matmuls several times faster; on a CPU it depends on
-//     the CPU (this lesson measures it rather than promising it).
+//   - tutorial 001's AMP loop ("Use torch.cuda.amp for Mixed Precision Training"): zero_grad, the
+//     forward pass and the loss under autocast, then the gradient scaler's
+//     scale(loss).backward(), step(optimizer) and update(), here in the tutorial's Fashion-MNIST
+//     program (lesson 05's ANN, loaders and evaluation);
+//   - autocast runs the ops that gain from it (linear, matmul) in a 16-bit type and keeps the ones
+//     that need range (losses) in fp32; the parameters, their gradients and the optimizer stay
+//     fp32. Which op does what is printed, not assumed: the CPU and CUDA policies differ;
+//   - fp16 (used on CUDA) has a narrow range: the scaler multiplies the loss so that small
+//     gradients survive, divides them back, skips steps that overflowed and adapts its factor.
+//     bf16 (the CPU's autocast type) has fp32's range: there the scaler is built disabled and
+//     passes everything through, as Python's GradScaler(enabled=False) does;
+//   - on a GPU, tensor cores run 16-bit matmuls several times faster; on a CPU it depends on the
+//     CPU: the lesson measures it rather than promising it.
+// LibTorch has neither torch.autocast nor GradScaler: common/autocast.h and common/grad_scaler.h
+// are thin C++ versions of Python's, and their headers name every LibTorch call they make.
 //
-// Run:    build/bin/lesson08_mixed_precision [--device ...] [--data-dir DIR] [--quick]
-// Checks: under autocast linear/matmul give 16-bit results and cross-entropy fp32, gradients
-//         stay fp32; the scaler skips a step with an inf gradient and halves its scale, and grows
-//         it after clean steps; mixed-precision accuracy is within kAccuracyMargin of fp32.
-//         Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
-#include "mixed_precision.h"
+// Run:    build/bin/lesson08_mixed_precision [--device auto|cpu|cuda|cuda:N] [--epochs N]
+//                                            [--data-dir DIR] [--seed N] [--threads N] [--quick]
+// Checks: under autocast linear/matmul give 16-bit results, cross-entropy and the weight gradient
+//         fp32; the scaler skips a step with an inf gradient and halves its scale, and doubles it
+//         after growth_interval clean steps; the test accuracy with the AMP loop is within
+//         kAccuracyMargin of fp32's. Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::data, torch::max
 
 #include <algorithm>
-#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
-#include <optional>
+#include <limits>
+#include <string>
+#include <vector>
 
-#include <ATen/autocast_mode.h>  // defines: at::autocast::set_autocast_enabled, ...
-
-#include "common/cli.h"      // defines: Cli, start_lesson
-#include "common/timing.h"   // defines: time_median, describe, looks_busy
-#include "common/verdict.h"  // defines: Verdict
-#include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
+#include "common/autocast.h"     // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
+#include "common/cli.h"          // defines: Cli, start_lesson (--device, the device line)
+#include "common/dataset.h"      // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
+#include "common/grad_scaler.h"  // defines: GradScaler (torch.amp.GradScaler)
+#include "common/timing.h"       // defines: Stopwatch, time_median, describe_ms, looks_busy
+#include "common/verdict.h"      // defines: Verdict, report_error
 
 namespace lesson08 {
 
-ModelSpec quick(const ModelSpec& spec) {
-  ModelSpec q = spec;
-  q.epochs = 1;
-  q.samples = spec.name == "mlp" ? 10000 : 5000;
-  return q;
-}
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 8;  // the first weights and the batch order, the same per precision
+// The 16-bit type: fp16 on CUDA (the tutorial's; tensor cores; it needs the scaler), bf16 on the
+// CPU (the one LibTorch 1.13's CPU autocast knows; fp32's range, so no scaler).
+constexpr torch::ScalarType kCudaDtype = torch::kHalf;
+constexpr torch::ScalarType kCpuDtype = torch::kBFloat16;
+constexpr int kEpochs = 2;               // per precision, on all 60,000 training images
+constexpr std::int64_t kBatchSize = 64;  // lesson 05's DataLoader(batch_size=64)
+constexpr int kWorkers = 2;              // and its num_workers=2
+constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.001)
+//! [margin]
+constexpr double kAccuracyMargin = 0.01;  // the AMP loop's test accuracy within 1 point of fp32's
+//! [margin]
+constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
+// Timing: one step on one batch already on the device, at the training batch and at a large one
+// where the matmuls dominate; the median of kTimedRuns runs of as many steps as fill about
+// kTimedRunSeconds (at most kMaxTimedSteps).
+constexpr std::int64_t kLargeBatch = 4096;
+constexpr int kTimedRuns = 5;
+constexpr double kTimedRunSeconds = 0.2;
+constexpr int kMaxTimedSteps = 50;
 
-MlpImpl::MlpImpl(std::int64_t hidden1, std::int64_t hidden2) {
-  fc1 = register_module("fc1", torch::nn::Linear(784, hidden1));
-  fc2 = register_module("fc2", torch::nn::Linear(hidden1, hidden2));
-  fc3 = register_module("fc3", torch::nn::Linear(hidden2, 10));
-}
+// ---- 1. The tutorial's AMP loop --------------------------------------------------------------
+//! [amp-loop]
+// One epoch of `for data, target in dataloader:` with autocast and the scaler. Model and Loader
+// are template parameters: any module with a forward(x) and any range of batches will do, as in
+// Python (main passes lesson 05's ANN and LibTorch's loader). With use_amp false the same lines
+// train in fp32: autocast switched off, and a scaler built disabled (Python's enabled=use_amp).
+// Returns the epoch's mean loss as a tensor on the device: reading it waits for the GPU, so the
+// caller reads it once per epoch, not once per step.
+template <typename Model, typename Loader>
+torch::Tensor train_epoch(Model& model, Loader& train_loader,
+                          torch::nn::CrossEntropyLoss& criterion,
+                          torch::optim::Optimizer& optimizer, course::GradScaler& scaler,
+                          const torch::Device& device, torch::ScalarType dtype, bool use_amp) {
+  model->train();
+  torch::Tensor total_loss = torch::zeros({}, torch::TensorOptions().device(device));
+  std::int64_t batches = 0;
+  for (auto& [features, labels] : train_loader) {
+    features = features.to(device);
+    labels = labels.to(device);
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = torch::relu(fc1(x));
-  h = torch::relu(fc2(h));
-  return fc3(h);
-}
+    optimizer.zero_grad();
+    torch::Tensor loss;  // declared before the block: Python's `with` has no scope, C++'s has
+    {
+      // >>> lab: with autocast(): common/autocast.h's guard, in `dtype`, on when use_amp
+      course::Autocast autocast(device.type(), dtype, /*enabled=*/use_amp);  // with autocast():
+      // <<< lab
+      torch::Tensor outputs = model->forward(features);
+      loss = criterion(outputs, labels);
+    }  // autocast ends: backward runs each op in the dtype its forward pass used
 
-torch::ScalarType precision_dtype(const std::string& precision) {
-  if (precision == "fp16") return torch::kHalf;
-  if (precision == "bf16") return torch::kBFloat16;
-  return torch::kFloat;
-}
+    // >>> lab: backpropagate the scaled loss, step the optimizer through the scaler, update it
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);  // unscales the gradients; skips the step if one is inf or NaN
+    scaler.update();         // halves the scale after a skip, doubles it after 2000 clean ones
+    // <<< lab
 
-// ---- autocast: `with torch.autocast(...)` as a guard object -------------------------------------
-//! [autocast]
-// Autocast is a per-thread switch with a 16-bit type per device type. Python's `with` block sets
-// both and restores them on exit; in C++ an object does it in its constructor and destructor.
-// LibTorch 2.4 replaced the per-device functions (set_enabled for CUDA, set_cpu_enabled, ...)
-// with ones that take the device type: the version check below picks what the LibTorch has.
-#if GPU_LESSONS_TORCH_AT_LEAST(2, 4)
-bool Autocast::enabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
-
-Autocast::Autocast(c10::DeviceType type, c10::ScalarType dtype)
-    : device_type_(type),
-      previous_enabled_(at::autocast::is_autocast_enabled(type)),
-      previous_dtype_(at::autocast::get_autocast_dtype(type)) {
-  at::autocast::set_autocast_dtype(type, dtype);
-  at::autocast::set_autocast_enabled(type, true);
-  at::autocast::increment_nesting();
-}
-
-Autocast::~Autocast() {
-  // While autocast is on it caches the 16-bit copies of the weights; the outermost scope drops
-  // them.
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
-  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
-}
-#else   // LibTorch 1.13: one function for the CPU, another for CUDA
-bool Autocast::enabled(c10::DeviceType type) {
-  return type == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-}
-
-Autocast::Autocast(c10::DeviceType type, c10::ScalarType dtype)
-    : device_type_(type),
-      previous_enabled_(enabled(type)),
-      previous_dtype_(type == c10::kCPU ? at::autocast::get_autocast_cpu_dtype()
-                                        : at::autocast::get_autocast_gpu_dtype()) {
-  if (type == c10::kCPU) {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(true);
-  } else {
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
+    total_loss += loss.detach();
+    ++batches;
   }
-  at::autocast::increment_nesting();
+  return total_loss / static_cast<double>(batches);
 }
+//! [amp-loop]
 
-Autocast::~Autocast() {
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (device_type_ == c10::kCPU) {
-    at::autocast::set_cpu_enabled(previous_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  } else {
-    at::autocast::set_enabled(previous_enabled_);
-    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
+// ---- 2. The tutorial's model, data and evaluation (lesson 05) ---------------------------------
+//! [model]
+struct ANNImpl : torch::nn::Module {
+  ANNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+        out(register_module("out", torch::nn::Linear(64, 10))),
+        relu(register_module("relu", torch::nn::ReLU())) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.view({x.size(0), -1});  // [B, 1, 28, 28] -> [B, 784]
+    x = relu(fc1(x));
+    x = relu(fc2(x));
+    return out(x);
   }
-}
-#endif
-//! [autocast]
 
-// ---- what autocast does, op by op ---------------------------------------------------------------
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::ReLU relu;
+};
+TORCH_MODULE(ANN);
+//! [model]
+
+// DataLoader(test_ds, batch_size=64): Stack<> makes batches of the samples, in order.
+using TestLoader = torch::data::StatelessDataLoader<
+    torch::data::datasets::MapDataset<course::FashionMNIST, torch::data::transforms::Stack<>>,
+    torch::data::samplers::SequentialSampler>;
+
+//! [evaluate]
+// The fraction of the test set classified right, under autocast too when use_amp.
+double evaluate(ANN& model, TestLoader& test_loader, const torch::Device& device,
+                torch::ScalarType dtype, bool use_amp) {
+  model->eval();
+  torch::NoGradGuard no_grad;
+  course::Autocast autocast(device.type(), dtype, /*enabled=*/use_amp);
+  std::int64_t correct = 0, total = 0;
+  for (auto& [features, labels] : test_loader) {
+    features = features.to(device);
+    labels = labels.to(device);
+    torch::Tensor outputs = model->forward(features);
+    auto [values, predicted] = torch::max(outputs, /*dim=*/1);
+    total += labels.size(0);
+    correct += (predicted == labels).sum().item<std::int64_t>();
+  }
+  return static_cast<double>(correct) / static_cast<double>(total);
+}
+//! [evaluate]
+
+//! [program]
+// The tutorial's program with the AMP loop: loaders, the model moved before Adam is built over
+// its parameters, the loss, the scaler, the epochs, the evaluation. The seed makes the first
+// weights and the batch order the same in fp32 and in mixed precision. Returns the test accuracy.
+double run_program(const course::FashionMNIST& train_ds, const course::FashionMNIST& test_ds,
+                   int epochs, const torch::Device& device, torch::ScalarType dtype, bool use_amp,
+                   std::uint64_t seed) {
+  torch::manual_seed(seed);
+  auto train_loader = torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
+      course::FashionMNIST(train_ds).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions().batch_size(kBatchSize).workers(kWorkers));
+  auto test_loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+      course::FashionMNIST(test_ds).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions().batch_size(kBatchSize));
+
+  ANN model;
+  model->to(device);  // the parameters stay fp32: autocast casts copies of them for each op
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  // scaler = torch.amp.GradScaler(device.type, enabled=use_amp and dtype == torch.float16)
+  course::GradScalerOptions scaler_options;
+  scaler_options.enabled = use_amp && dtype == torch::kHalf;
+  course::GradScaler scaler(device, scaler_options);
+
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    const torch::Tensor loss =
+        train_epoch(model, *train_loader, criterion, optimizer, scaler, device, dtype, use_amp);
+    std::printf("  Epoch %d, Loss: %.4f\n", epoch + 1, loss.item<double>());
+  }
+  if (scaler.is_enabled())
+    std::printf("  GradScaler's scale at the end: %.0f\n", scaler.get_scale());
+  return evaluate(model, *test_loader, device, dtype, use_amp);
+}
+//! [program]
+
+// ---- 3. What autocast does, op by op ---------------------------------------------------------
+struct OpDtype {
+  std::string op;
+  torch::ScalarType dtype;
+};
+
 //! [op-dtypes]
-std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType low) {
+// The dtype of each op's result under autocast in `dtype` on `device`, and of a weight gradient.
+std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType dtype) {
   torch::manual_seed(kSeed);
   torch::nn::Linear layer(8, 4);
   layer->to(device);
@@ -128,7 +208,7 @@ std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType lo
   std::vector<OpDtype> rows;
   torch::Tensor loss;
   {
-    Autocast autocast(device.type(), low);  // with torch.autocast(device.type, dtype=low):
+    course::Autocast autocast(device.type(), dtype);  // with torch.autocast(device.type, dtype):
     const torch::Tensor logits = layer(x);
     rows.push_back({"linear", logits.scalar_type()});
     rows.push_back({"matmul", torch::matmul(x, x.t()).scalar_type()});
@@ -140,305 +220,163 @@ std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType lo
     loss = torch::nn::functional::cross_entropy(logits, y);
     rows.push_back({"cross_entropy", loss.scalar_type()});
   }
-  loss.backward();  // outside autocast: backward runs each op in the dtype its forward used
+  loss.backward();  // outside autocast
   rows.push_back({"weight gradient", layer->weight.grad().scalar_type()});
   return rows;
 }
 //! [op-dtypes]
 
-// ---- the gradient scaler ------------------------------------------------------------------------
-GradScaler::GradScaler(const torch::Device& device, GradScalerOptions options)
-    : device_(device), options_(options) {
-  const auto on = torch::TensorOptions().device(device);
-  scale_ = torch::full({}, options.init_scale, on.dtype(torch::kFloat));
-  growth_tracker_ = torch::zeros({}, on.dtype(torch::kInt));
-  found_inf_ = torch::zeros({}, on.dtype(torch::kFloat));
-}
-
-//! [scaler]
-torch::Tensor GradScaler::scale(const torch::Tensor& loss) const { return loss * scale_; }
-
-void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
-  std::vector<torch::Tensor> grads;
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& p : group.params()) {
-      if (p.grad().defined()) grads.push_back(p.grad());
-    }
-  }
-  const torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  found_inf_.zero_();
-  if (device_.is_cuda()) {
-    // One fused kernel over all gradients: multiply by inv_scale, flag any inf/NaN.
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv_scale);
-  } else {
-    // LibTorch 1.13 has no CPU kernel for it: the same arithmetic with ordinary ops.
-    for (auto& g : grads) {
-      found_inf_ = torch::maximum(found_inf_, g.isfinite().logical_not().any().to(torch::kFloat));
-      g.mul_(inv_scale);
-    }
-  }
-  unscaled_ = true;
-}
-
-bool GradScaler::step(torch::optim::Optimizer& optimizer) {
-  if (!unscaled_) unscale(optimizer);
-  // .item() copies the flag to the host and waits for the device: the price of skipping.
-  const bool finite = found_inf_.item<float>() == 0.0f;
-  if (finite) optimizer.step();
-  return finite;
-}
-
-void GradScaler::update() {
-  if (device_.is_cuda()) {
-    at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor,
-                           options_.backoff_factor, options_.growth_interval);
-  } else {
-    // _amp_update_scale_'s rule: back off on overflow; after growth_interval clean steps, grow
-    // (if the grown scale is finite); count clean steps in between.
-    const torch::Tensor found = found_inf_.gt(0);
-    const torch::Tensor clean = torch::where(found, torch::zeros_like(growth_tracker_),
-                                             growth_tracker_ + 1);
-    const torch::Tensor grown = scale_ * options_.growth_factor;
-    const torch::Tensor grow = clean.eq(options_.growth_interval).logical_and(grown.isfinite());
-    scale_ = torch::where(found, scale_ * options_.backoff_factor,
-                          torch::where(grow, grown, scale_));
-    growth_tracker_ = torch::where(clean.eq(options_.growth_interval),
-                                   torch::zeros_like(clean), clean);
-  }
-  unscaled_ = false;
-}
-//! [scaler]
-
-double GradScaler::current_scale() const { return scale_.item<double>(); }
-std::int64_t GradScaler::clean_steps() const { return growth_tracker_.item<std::int64_t>(); }
-
-// ---- training in fp32 or mixed precision --------------------------------------------------------
-//! [step]
-torch::Tensor train_step(Mlp& model, torch::optim::Optimizer& optimizer, GradScaler& scaler,
-                         const std::string& precision, const torch::Tensor& x,
-                         const torch::Tensor& y, bool* taken) {
-  optimizer.zero_grad();
-  torch::Tensor loss;
-  {
-    std::optional<Autocast> autocast;  // `with torch.autocast(...)`, for the mixed precisions
-    if (precision != "fp32") autocast.emplace(x.device().type(), precision_dtype(precision));
-    loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-  }  // autocast covers the forward pass and the loss only
-  bool stepped = true;
-  if (precision == "fp16") {  // bf16 has fp32's range: only fp16 needs the scaler
-    scaler.scale(loss).backward();
-    stepped = scaler.step(optimizer);
-    scaler.update();
-  } else {
-    loss.backward();
-    optimizer.step();
-  }
-  if (taken != nullptr) *taken = stepped;
-  return loss;
-}
-//! [step]
-
-//! [train]
-TrainResult train(const ModelSpec& spec, const std::string& precision,
-                  const course::ImageSet& train_set, const course::ImageSet& test,
-                  const torch::Device& device, std::uint64_t seed) {
-  const std::int64_t n = std::min<std::int64_t>(spec.samples, train_set.labels.size(0));
-  const torch::Tensor images = train_set.images.slice(0, 0, n).reshape({n, 784}).to(device);
-  const torch::Tensor labels = train_set.labels.slice(0, 0, n).to(device);
-
-  torch::manual_seed(seed);
-  Mlp model(spec.hidden1, spec.hidden2);
-  model->to(device);  // the parameters stay fp32: autocast casts copies for each op
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  GradScaler scaler(device);
-  TrainResult result;
-  for (int epoch = 0; epoch < spec.epochs; ++epoch) {
-    model->train();
-    const torch::Tensor order =
-        torch::randperm(n, torch::TensorOptions().dtype(torch::kLong).device(device));
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
-    for (std::int64_t start = 0; start < n; start += spec.batch) {
-      const torch::Tensor idx = order.slice(0, start, start + spec.batch);
-      bool taken = true;
-      const torch::Tensor loss = train_step(model, optimizer, scaler, precision,
-                                            images.index_select(0, idx),
-                                            labels.index_select(0, idx), &taken);
-      if (!taken) ++result.skipped_steps;
-      loss_sum += loss.detach() * static_cast<double>(idx.size(0));
-    }
-    result.final_loss = loss_sum.item<double>() / static_cast<double>(n);
-  }
-
-  model->eval();
-  torch::NoGradGuard no_grad;
-  std::optional<Autocast> autocast;
-  if (precision != "fp32") autocast.emplace(device.type(), precision_dtype(precision));
-  const torch::Tensor x = test.images.reshape({-1, 784}).to(device);
-  const torch::Tensor correct =
-      model->forward(x).argmax(1).eq(test.labels.to(device)).sum();
-  result.accuracy = correct.item<double>() / static_cast<double>(test.labels.size(0));
-  return result;
-}
-//! [train]
-
-course::Timing time_step(const ModelSpec& spec, const std::string& precision,
-                         const course::ImageSet& train_set, const torch::Device& device,
-                         int runs) {
-  torch::manual_seed(kSeed);
-  Mlp model(spec.hidden1, spec.hidden2);
-  model->to(device);
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  GradScaler scaler(device);
-  const torch::Tensor x = train_set.images.slice(0, 0, spec.batch).reshape({-1, 784}).to(device);
-  const torch::Tensor y = train_set.labels.slice(0, 0, spec.batch).to(device);
-  const auto step = [&] { train_step(model, optimizer, scaler, precision, x, y); };
-  step();  // the first step allocates Adam's state and warms the kernels up
-  course::Stopwatch watch(device);
-  step();
-  const int steps = std::clamp(static_cast<int>(kTimedRunSeconds / watch.seconds()), 1,
-                               kMaxTimedSteps);
-  course::Timing t = course::time_median(
-      [&] {
-        for (int i = 0; i < steps; ++i) step();
-      },
-      device, /*warmup=*/0, runs);
-  t.median_s /= steps;
-  t.min_s /= steps;
-  t.max_s /= steps;
-  return t;
-}
-
-}  // namespace lesson08
-
-// ---- main ---------------------------------------------------------------------------------------
-namespace {
-
-// The scaler's two behaviours on a tiny model: an inf gradient is skipped and halves the scale;
-// clean steps grow it.
-void demonstrate_scaler(const torch::Device& device, course::Verdict& verdict) {
-  using lesson08::GradScaler;
-  torch::manual_seed(lesson08::kSeed);
-  torch::nn::Linear layer(4, 2);
-  layer->to(device);
-  torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
-  lesson08::GradScalerOptions options;
-  options.growth_interval = 3;  // grow after 3 clean steps, to see it happen
-  GradScaler scaler(device, options);
-  const torch::Tensor x = torch::ones({2, 4}, torch::TensorOptions().device(device));
-
-  //! [inject-inf]
-  sgd.zero_grad();
-  scaler.scale(layer(x).sum()).backward();
-  layer->weight.grad()[0][0] = std::numeric_limits<float>::infinity();  // an overflow
-  const torch::Tensor before = layer->weight.detach().clone();
-  const double scale_before = scaler.current_scale();
-  const bool stepped = scaler.step(sgd);
-  scaler.update();
-  //! [inject-inf]
-  const bool unchanged = torch::equal(before, layer->weight.detach());
-  std::printf("GradScaler: inf gradient -> step %s, scale %.0f -> %.0f\n",
-              stepped ? "taken" : "skipped", scale_before, scaler.current_scale());
-  verdict.check(!stepped && unchanged, "the scaler skips a step whose gradients hold an inf");
-  verdict.check(scaler.current_scale() == scale_before * options.backoff_factor,
-                "and halves its scale");
-
-  const double backed_off = scaler.current_scale();
-  for (int i = 0; i < options.growth_interval; ++i) {
-    sgd.zero_grad();
-    scaler.scale(layer(x).sum()).backward();
-    scaler.step(sgd);
-    scaler.update();
-  }
-  std::printf("GradScaler: %lld clean steps -> scale %.0f -> %.0f\n",
-              static_cast<long long>(options.growth_interval), backed_off, scaler.current_scale());
-  verdict.check(scaler.current_scale() == backed_off * options.growth_factor,
-                "after growth_interval clean steps the scale doubles");
-}
-
-}  // namespace
-
-int lesson_main(int argc, char** argv) {
-  using namespace lesson08;
-  course::CommonOptions options;
-  options.seed = kSeed;
-  course::Cli cli("lesson08_mixed_precision",
-                  "Lesson 08: autocast, a C++ gradient scaler, and mixed-precision training.",
-                  options);
-  cli.add_data_dir();
-  if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
-  course::Verdict verdict;
-
-  // LibTorch 1.13's CPU autocast knows bf16 only; CUDA has fp16 (with tensor cores and the
-  // scaler) and bf16.
-  std::vector<std::string> precisions = {"bf16"};
-  if (device.is_cuda()) precisions = {"fp16", "bf16"};
-
+// Prints the table for each 16-bit type the device's autocast takes, and checks the claims.
+void check_policy(const torch::Device& device, course::Verdict& verdict) {
   std::cout << "Under autocast on " << device << ", op by op:\n";
-  for (const auto& precision : precisions) {
-    const auto rows = op_dtypes(device, precision_dtype(precision));
-    std::cout << "  " << precision << ":";
+  std::vector<torch::ScalarType> dtypes = {kCpuDtype};
+  if (device.is_cuda()) dtypes = {torch::kHalf, torch::kBFloat16};
+  for (const torch::ScalarType dtype : dtypes) {
     bool low_matmul = true, fp32_loss = false, fp32_grad = false;
-    for (const auto& row : rows) {
-      std::cout << " " << row.op << "=" << c10::toString(row.dtype) << ";";
-      if (row.op == "linear" || row.op == "matmul") low_matmul &= row.dtype != torch::kFloat;
+    std::cout << "  " << dtype << ":";
+    for (const OpDtype& row : op_dtypes(device, dtype)) {
+      std::cout << " " << row.op << "=" << row.dtype << ";";
+      if (row.op == "linear" || row.op == "matmul") low_matmul &= row.dtype == dtype;
       if (row.op == "cross_entropy") fp32_loss = row.dtype == torch::kFloat;
       if (row.op == "weight gradient") fp32_grad = row.dtype == torch::kFloat;
     }
     std::cout << "\n";
     verdict.check(low_matmul && fp32_loss && fp32_grad,
-                  precision + ": linear/matmul in 16 bits, cross-entropy and gradients in fp32");
+                  std::string(c10::toString(dtype)) +
+                      ": linear/matmul in 16 bits, cross-entropy and the gradient in fp32");
   }
+}
 
-  std::cout << "\n";
-  demonstrate_scaler(device, verdict);
+// ---- 4. The scaler and an overflow -----------------------------------------------------------
+// An inf gradient (what fp16 gives when a scaled gradient overflows) is skipped and halves the
+// scale; growth_interval clean steps double it. On any device: the scaler's arithmetic is fp32.
+void check_scaler(const torch::Device& device, course::Verdict& verdict) {
+  torch::manual_seed(kSeed);
+  torch::nn::Linear layer(4, 2);
+  layer->to(device);
+  torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
+  course::GradScalerOptions options;
+  options.growth_interval = 3;  // grow after 3 clean steps, to see it happen
+  course::GradScaler scaler(device, options);
+  const torch::Tensor x = torch::ones({2, 4}, torch::TensorOptions().device(device));
+  const auto step = [&](bool overflow) {
+    sgd.zero_grad();
+    scaler.scale(layer(x).sum()).backward();
+    if (overflow) layer->weight.grad()[0][0] = std::numeric_limits<float>::infinity();
+    const bool stepped = scaler.step(sgd);
+    scaler.update();
+    return stepped;
+  };
 
-  const auto folder = course::find_fashion_mnist(options.data_dir);
-  const course::ImageSet train_set = course::load_fashion_mnist(folder, true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, false);
-  std::cout << "\nmodel  precision  samples x epochs  accuracy  vs fp32\n";
-  std::vector<ModelSpec> specs = {kMlp, kWide};
-  if (options.quick) specs = {quick(kMlp), quick(kWide)};
-  for (const ModelSpec& spec : specs) {
-    const TrainResult fp32 = train(spec, "fp32", train_set, test, device, options.seed);
-    std::printf("%-6s %-10s %7lld x %d %9.4f\n", spec.name.c_str(), "fp32",
-                static_cast<long long>(spec.samples), spec.epochs, fp32.accuracy);
-    for (const auto& precision : precisions) {
-      const TrainResult mixed = train(spec, precision, train_set, test, device, options.seed);
-      std::printf("%-6s %-10s %7lld x %d %9.4f %+8.4f", spec.name.c_str(), precision.c_str(),
-                  static_cast<long long>(spec.samples), spec.epochs, mixed.accuracy,
-                  mixed.accuracy - fp32.accuracy);
-      if (precision == "fp16") {
-        std::printf("  (%lld steps skipped by the scaler)",
-                    static_cast<long long>(mixed.skipped_steps));
-      }
-      std::printf("\n");
-      char evidence[64];
-      std::snprintf(evidence, sizeof evidence, "%.4f vs %.4f", mixed.accuracy, fp32.accuracy);
-      verdict.check(mixed.accuracy >= fp32.accuracy - kAccuracyMargin,
-                    spec.name + " " + precision + ": accuracy within " +
-                        std::to_string(static_cast<int>(kAccuracyMargin * 100)) + " point of fp32",
-                    evidence);
-    }
-  }
+  const torch::Tensor before = layer->weight.detach().clone();
+  const double first = scaler.get_scale();
+  const bool stepped = step(/*overflow=*/true);
+  const double backed_off = scaler.get_scale();
+  std::printf("\nGradScaler: inf gradient -> step %s, scale %.0f -> %.0f\n",
+              stepped ? "taken" : "skipped", first, backed_off);
+  verdict.check(!stepped && torch::equal(before, layer->weight.detach()),
+                "the scaler skips a step whose gradients hold an inf");
+  verdict.check(backed_off == first * options.backoff_factor, "and halves its scale");
+  for (int i = 0; i < options.growth_interval; ++i) step(/*overflow=*/false);
+  std::printf("GradScaler: %lld clean steps -> scale %.0f -> %.0f\n",
+              static_cast<long long>(options.growth_interval), backed_off, scaler.get_scale());
+  verdict.check(scaler.get_scale() == backed_off * options.growth_factor,
+                "after growth_interval clean steps the scale doubles");
+}
 
-  // The time of a step, fp32 against each 16-bit type: the median of kTimedRuns runs, with the
-  // fastest and the slowest, so that the spread shows how far one figure can be trusted.
-  std::printf("\nmodel  precision  ms per step: median (fastest-slowest)  speed-up over fp32\n");
-  std::vector<std::string> timed = {"fp32"};
-  timed.insert(timed.end(), precisions.begin(), precisions.end());
+// ---- 5. What 16 bits buy, measured -----------------------------------------------------------
+//! [time-step]
+// The time of one step of the AMP loop on a batch of `batch` already on the device: steps of a
+// list of the same batch, timed by train_epoch itself. Median, fastest and slowest of kTimedRuns.
+course::Timing time_step(std::int64_t batch, const torch::Device& device, torch::ScalarType dtype,
+                         bool use_amp) {
+  torch::manual_seed(kSeed);
+  ANN model;
+  model->to(device);
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  course::GradScalerOptions scaler_options;
+  scaler_options.enabled = use_amp && dtype == torch::kHalf;
+  course::GradScaler scaler(device, scaler_options);
+  const auto on = torch::TensorOptions().device(device);
+  const torch::data::Example<> one{torch::rand({batch, 1, 28, 28}, on),
+                                   torch::randint(10, {batch}, on.dtype(torch::kLong))};
+  std::vector<torch::data::Example<>> batches(2, one);  // warm-up: Adam's state, the kernels
+  train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp);
+  course::Stopwatch watch(device);
+  train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp);
+  const double step_s = watch.seconds() / 2;
+  batches.assign(std::clamp(static_cast<int>(kTimedRunSeconds / step_s), 1, kMaxTimedSteps), one);
+  course::Timing t = course::time_median(
+      [&] { train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp); },
+      device, /*warmup=*/0, kTimedRuns);
+  const auto steps = static_cast<double>(batches.size());
+  t.median_s /= steps;
+  t.min_s /= steps;
+  t.max_s /= steps;
+  return t;
+}
+//! [time-step]
+
+void print_timings(const torch::Device& device, torch::ScalarType dtype) {
+  std::printf("\nbatch  precision  ms per step: median (fastest-slowest)  speed-up over fp32\n");
   bool busy = false;
-  for (const ModelSpec& spec : specs) {
-    double fp32_s = 0;
-    for (const std::string& precision : timed) {
-      const course::Timing t = time_step(spec, precision, train_set, device);
-      if (precision == "fp32") fp32_s = t.median_s;
-      std::printf("%-6s %-10s %-38s %.2fx%s\n", spec.name.c_str(), precision.c_str(),
-                  course::describe_ms(t).c_str(), fp32_s / t.median_s,
-                  precision == "fp16" ? "  (with the scaler's wait for the device each step)" : "");
-      busy = busy || course::looks_busy(t);
-    }
+  for (const std::int64_t batch : {kBatchSize, kLargeBatch}) {
+    const course::Timing fp32 = time_step(batch, device, dtype, /*use_amp=*/false);
+    const course::Timing mixed = time_step(batch, device, dtype, /*use_amp=*/true);
+    std::printf("%-6lld %-10s %-38s\n", static_cast<long long>(batch), "fp32",
+                course::describe_ms(fp32).c_str());
+    std::printf("%-6lld %-10s %-38s %.2fx\n", static_cast<long long>(batch), c10::toString(dtype),
+                course::describe_ms(mixed).c_str(), fp32.median_s / mixed.median_s);
+    busy = busy || course::looks_busy(fp32) || course::looks_busy(mixed);
   }
   if (busy) std::cout << course::busy_note() << "\n";
-  return verdict.finish("lesson 08 on " + device.str());
 }
+
+}  // namespace lesson08
+
+// ---- main: the checks, the program in fp32 and with the AMP loop, the timing -----------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson08.cpp includes this file for its functions
+int main(int argc, char** argv) try {
+  using namespace lesson08;
+  course::CommonOptions options;
+  options.seed = kSeed;
+  int epochs = 0;  // 0: kEpochs, or 1 with --quick
+  course::Cli cli(
+      "lesson08_mixed_precision",
+      "Lesson 08: the tutorial's AMP loop (autocast and a gradient scaler) against fp32.", options);
+  cli.add_data_dir();
+  cli.add_option("--epochs", epochs, "epochs per precision (0 = 2, or 1 with --quick)", 0, 1000);
+  if (auto code = cli.parse(argc, argv)) return *code;
+  const torch::Device device = course::start_lesson(options);
+  const torch::ScalarType dtype = device.is_cuda() ? kCudaDtype : kCpuDtype;
+  course::Verdict verdict;
+
+  check_policy(device, verdict);
+  check_scaler(device, verdict);
+
+  // The tutorial's program twice, from the same seed: in fp32, then with the AMP loop.
+  const course::FashionMNIST train_ds(options.data_dir, /*train=*/true,
+                                      options.quick ? kQuickSamples : -1);
+  const course::FashionMNIST test_ds(options.data_dir, /*train=*/false);
+  if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
+  std::printf("\nFashion-MNIST: %lld training images, batch %lld, %d epoch(s)\nfp32:\n",
+              static_cast<long long>(*train_ds.size()), static_cast<long long>(kBatchSize), epochs);
+  const double fp32 =
+      run_program(train_ds, test_ds, epochs, device, dtype, /*use_amp=*/false, options.seed);
+  std::printf("  Test Accuracy: %.4f\nautocast %s:\n", fp32, c10::toString(dtype));
+  const double mixed =
+      run_program(train_ds, test_ds, epochs, device, dtype, /*use_amp=*/true, options.seed);
+  std::printf("  Test Accuracy: %.4f (%+.4f)\n", mixed, mixed - fp32);
+  char evidence[64];
+  std::snprintf(evidence, sizeof evidence, "%.4f vs %.4f, margin %.2f", mixed, fp32,
+                kAccuracyMargin);
+  verdict.check(mixed >= fp32 - kAccuracyMargin,
+                "the AMP loop's test accuracy is within the margin of fp32's", evidence);
+
+  print_timings(device, dtype);
+  return verdict.finish("lesson 08 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
+}
+#endif
