@@ -251,12 +251,12 @@ void check_module_file(const torch::nn::Module& module, const std::string& path)
 
 namespace {
 // The optimizer's key for a parameter, as LibTorch 1.13 (a string) and 2.x (a pointer) make it.
-bool is_key_of(const std::string& key, const at::Tensor& p) {
+[[maybe_unused]] bool is_key_of(const std::string& key, const at::Tensor& p) {
   std::ostringstream pointer;  // what 1.13's c10::guts::to_string writes
   pointer << p.unsafeGetTensorImpl();
   return key == pointer.str();
 }
-bool is_key_of(const void* key, const at::Tensor& p) { return key == p.unsafeGetTensorImpl(); }
+[[maybe_unused]] bool is_key_of(const void* key, const at::Tensor& p) { return key == p.unsafeGetTensorImpl(); }
 }  // namespace
 
 const torch::optim::AdamParamState* adam_state(const torch::optim::Adam& optimizer,

@@ -1,29 +1,26 @@
-// Lesson 10 — checkpointing: the tutorial's recipe. Save a trained model, load it onto the device
-// you name, save a training run (model, optimizer, epoch) and resume it, and read and write the
-// files Python's torch.save writes.
+// Lesson 10 — checkpointing: the tutorial's recipe. Save a model and load it onto a device, save a
+// training run (model, optimizer, epoch) and resume it, and exchange files with Python.
 //
 // You will learn:
 //   - torch::save(model, path), Python's torch.save(model.state_dict(), path): every parameter and
 //     buffer under its state_dict name ("fc1.weight", ..., "out.bias");
 //   - torch::load(model, path, device), Python's model.load_state_dict(torch.load(path,
-//     map_location=device, weights_only=True)): each tensor is made on `device`, whatever device
-//     saved it, so a GPU's file loads on a laptop;
-//   - a checkpoint that resumes training: the model, Adam's state and the epoch in one file
-//     (Python's dict of state_dicts), loaded into a fresh ANN and Adam on the device;
+//     map_location=device, weights_only=True)): each tensor made on `device`, wherever it was
+//     saved;
+//   - a checkpoint that resumes training: the model, Adam's state and the epoch in one file,
+//     loaded into a fresh ANN and Adam on the device;
 //   - Python's own state_dict files, both ways (common/state_dict.h reads and writes the format).
 // Lesson 12 (going further) makes this checkpoint exact, crash-safe and wary of strangers' files.
 //
-// Run:    build/bin/lesson10_checkpointing [--device ...] [--quick]   (the recipe, in a temp
-// folder)
+// Run:    build/bin/lesson10_checkpointing [--device ...] [--quick]      (the recipe)
 //         build/bin/lesson10_checkpointing --checkpoint run.pt --epochs 5   (resumes when run.pt
-//             exists and saves after every epoch: stop it with Ctrl-C and run it again)
+//             exists, saves after every epoch: stop it with Ctrl-C, run it again)
 //         build/bin/lesson10_checkpointing --from-python model.pt [--to-python back.pt]
 //             (model.pt: python3 python/tutorial_program.py --save model.pt)
-// Checks: the weights torch::load reads back equal those torch::save wrote, on the device asked
-//         for, at the same test accuracy; a resumed model and Adam equal the saved ones and the
-//         epochs go on; a file written for Python reads back equal; the test accuracy reaches the
-//         bar. Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or a bad file (with a HINT), 130
-//         stopped by Ctrl-C.
+// Checks: what torch::load reads back equals what torch::save wrote, on the device asked for, at
+//         the same test accuracy; a resumed model and Adam equal the saved ones; a file written
+//         for Python reads back equal; the test accuracy reaches the bar. Exit 0 PASS, 1 FAIL,
+//         2 bad flag, missing data or a bad file (with a HINT), 130 stopped by Ctrl-C.
 #include <torch/torch.h>  // defines: torch::save, torch::load, torch::serialize, torch::optim
 #include <unistd.h>       // defines: access, getpid
 
@@ -43,7 +40,6 @@
 #include "common/verdict.h"     // defines: Verdict, report_error
 
 namespace lesson10 {
-
 namespace fs = std::filesystem;
 
 // ---- knobs -----------------------------------------------------------------------------------
@@ -68,22 +64,16 @@ struct ANNImpl : torch::nn::Module {
         fc2(register_module("fc2", torch::nn::Linear(128, 64))),
         out(register_module("out", torch::nn::Linear(64, 10))),
         relu(register_module("relu", torch::nn::ReLU())) {}
-
   torch::Tensor forward(torch::Tensor x) {
     x = x.view({x.size(0), -1});  // [B, 1, 28, 28] -> [B, 784]
     x = relu(fc1(x));
     x = relu(fc2(x));
     return out(x);
   }
-
   torch::nn::Linear fc1, fc2, out;
   torch::nn::ReLU relu;
 };
 TORCH_MODULE(ANN);
-
-const char* const kOtherModelHint =
-    "save the state_dict of the tutorial's ANN: Linear layers fc1 (784->128), fc2 (128->64), "
-    "out (64->10)";
 
 // ---- data, training and evaluation: lesson 05's -------------------------------------------------
 using Batches =
@@ -111,16 +101,13 @@ double train_epoch(ANN& model, TrainLoader& train_loader, torch::optim::Adam& op
   torch::nn::CrossEntropyLoss criterion;
   double total_loss = 0;
   std::int64_t batches = 0;
-  for (auto& [features, labels] : train_loader) {
-    features = features.to(device);
-    labels = labels.to(device);
-    torch::Tensor loss = criterion(model->forward(features), labels);
+  for (auto& [features, labels] : train_loader) {  // the batch moved to the model's device
+    torch::Tensor loss = criterion(model->forward(features.to(device)), labels.to(device));
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
     total_loss += loss.item<double>();
-    ++batches;
-    if (course::stop_requested()) {
+    if (++batches, course::stop_requested()) {
       throw course::Interrupted("after step " + std::to_string(batches));
     }
   }
@@ -192,11 +179,10 @@ std::int64_t load_checkpoint(ANN& model, torch::optim::Adam& optimizer, const st
   if (!checkpoint.try_read("model_state_dict", model_state_dict) ||
       !checkpoint.try_read("optimizer_state_dict", optimizer_state_dict) ||
       !checkpoint.try_read("epoch", epoch) || !epoch.isInt()) {
-    throw course::CheckpointError(
-        path +
-            " is not a checkpoint of this lesson: it lacks model_state_dict, "
-            "optimizer_state_dict or epoch",
-        "give a file that --checkpoint wrote, or another path to start a new run");
+    throw course::CheckpointError(path +
+                                      " is not a checkpoint of this lesson (no model, "
+                                      "optimizer or epoch)",
+                                  "give a file --checkpoint wrote, or another path to start anew");
   }
   course::check_module_archive(*model, model_state_dict, path);  // names and shapes, first
   try {
@@ -222,11 +208,10 @@ void train_to(ANN& model, torch::optim::Adam& optimizer, TrainLoader& train_load
     try {
       loss = train_epoch(model, train_loader, optimizer, device);
     } catch (const course::Interrupted& stop) {
+      const std::string kept = checkpoint + " holds epoch " + std::to_string(epoch);
       throw course::Interrupted("epoch " + std::to_string(epoch + 1) + " abandoned " + stop.what() +
-                                "; " +
-                                (epoch == 0 ? "nothing is saved"
-                                            : checkpoint + " holds epoch " + std::to_string(epoch) +
-                                                  ": run the same command to resume from there"));
+                                "; " + (epoch == 0 ? "nothing is saved" : kept) +
+                                ": run the same command to resume from there");
     }
     save_checkpoint(model, optimizer, ++epoch, checkpoint);
     std::printf("Epoch %lld, Loss: %.4f  (saved to %s)\n", static_cast<long long>(epoch), loss,
@@ -237,11 +222,11 @@ void train_to(ANN& model, torch::optim::Adam& optimizer, TrainLoader& train_load
 
 // ---- 3. Python's state_dict files ---------------------------------------------------------------
 //! [python]
-// The file Python's torch.save(model.state_dict(), path) wrote: torch.load(path,
-// map_location="cpu", weights_only=True), then the strict load_state_dict (every name and shape
-// checked, then copied onto the model's device).
+// The file Python's torch.save(model.state_dict(), path) wrote: torch.load(path, map_location=
+// "cpu", weights_only=True), then the strict load_state_dict (names and shapes checked, copy_).
 void load_python_weights(ANN& model, const std::string& path) {
-  course::load_state_dict(*model, course::read_python_state_dict(path), path, kOtherModelHint);
+  course::load_state_dict(*model, course::read_python_state_dict(path), path,
+                          "save the state_dict of the tutorial's ANN (fc1, fc2, out)");
 }
 
 // A file Python reads with model.load_state_dict(torch.load(path, weights_only=True)).
@@ -255,7 +240,7 @@ struct Run {
   torch::Device device;
   TrainLoader& train_loader;
   TestLoader& test_loader;
-  int epochs;
+  int epochs;  // to train to
   course::Verdict verdict;
 };
 
@@ -265,17 +250,27 @@ std::string evidence(const char* format, double a, double b = 0) {
   return text;
 }
 
-// The recipe in `work`: the tutorial's program saved after every epoch and stopped half way; its
-// weights saved and loaded onto the device; the run resumed in a fresh ANN and Adam.
-void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer, const fs::path& work) {
-  const std::string checkpoint = (work / "checkpoint.pt").string();
-  const std::string weights = (work / "model.pt").string();
-  const int stop = std::max(1, run.epochs / 2);
+// The largest difference between two models and their Adams' states (0: equal).
+double state_diff(ANN& a, torch::optim::Adam& a_optimizer, ANN& b,
+                  torch::optim::Adam& b_optimizer) {
+  return std::max(
+      course::max_abs_diff(a->parameters(), b->parameters()),
+      course::max_adam_diff(a_optimizer, a->parameters(), b_optimizer, b->parameters()));
+}
+
+// The recipe, in a temporary folder: the tutorial's program saved after every epoch and stopped
+// half way; its weights saved and loaded onto the device; the run resumed in `resumed`.
+void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer) {
+  const fs::path work = fs::temp_directory_path() / ("lesson10-" + std::to_string(::getpid()));
+  const std::string checkpoint = work / "checkpoint.pt", weights = work / "model.pt";
+  fs::create_directories(work);
+  const std::shared_ptr<void> cleanup(nullptr, [&](void*) { fs::remove_all(work); });
   std::cout << "\n== 1. The tutorial's program, saving a checkpoint after every epoch ==\n";
-  ANN model;
+  ANN model;              // a run started here, and stopped half way
   model->to(run.device);  // before the optimizer is built over its parameters
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   std::int64_t epoch = 0;
+  const int stop = std::max(1, run.epochs / 2);
   train_to(model, optimizer, run.train_loader, run.device, epoch, stop, checkpoint);
   const double accuracy = evaluate(model, run.test_loader, run.device);
 
@@ -285,32 +280,23 @@ void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer, const
   load_weights(loaded, weights, run.device);
   const double diff = course::max_abs_diff(loaded->parameters(), model->parameters());
   const double loaded_accuracy = evaluate(loaded, run.test_loader, run.device);
-  std::printf(
-      "model.pt (%lld bytes) loaded onto %s: parameters max abs diff %g\n"
-      "Test Accuracy: %.4f saved, %.4f loaded\n",
-      static_cast<long long>(fs::file_size(weights)), run.device.str().c_str(), diff, accuracy,
-      loaded_accuracy);
+  std::printf("model.pt: %lld bytes; Test Accuracy: %.4f saved, %.4f loaded\n",
+              static_cast<long long>(fs::file_size(weights)), accuracy, loaded_accuracy);
   run.verdict.check(diff == 0 && loaded->fc1->weight.device() == run.device,
                     "torch::load reads the weights back equal, onto " + run.device.str(),
                     evidence("max abs diff %g", diff));
   run.verdict.check(loaded_accuracy == accuracy,
-                    "the loaded model's test accuracy is the saved one's",
+                    "the loaded model's test accuracy is the saved "
+                    "one's",
                     evidence("%.4f vs %.4f", loaded_accuracy, accuracy));
 
   std::cout << "\n== 3. Resume: the checkpoint loaded into a fresh ANN and Adam ==\n";
-  const std::int64_t saved = load_checkpoint(resumed, resumed_optimizer, checkpoint, run.device);
-  const double state_diff =
-      std::max(course::max_abs_diff(resumed->parameters(), model->parameters()),
-               course::max_adam_diff(resumed_optimizer, resumed->parameters(), optimizer,
-                                     model->parameters()));
-  std::printf("checkpoint.pt holds epoch %lld: model and Adam's state, max abs diff %g\n",
-              static_cast<long long>(saved), state_diff);
-  run.verdict.check(
-      state_diff == 0 && saved == stop,
-      "the checkpoint gives back the model, Adam's state and the epoch",
-      evidence("max abs diff %g, epoch %.0f", state_diff, static_cast<double>(saved)));
-  std::int64_t next = saved;
-  train_to(resumed, resumed_optimizer, run.train_loader, run.device, next, run.epochs, checkpoint);
+  std::int64_t saved = load_checkpoint(resumed, resumed_optimizer, checkpoint, run.device);
+  const double resumed_diff = state_diff(resumed, resumed_optimizer, model, optimizer);
+  run.verdict.check(resumed_diff == 0 && saved == stop,
+                    "the checkpoint gives back the model, Adam's state and the epoch",
+                    evidence("max abs diff %g, epoch %.0f", resumed_diff, double(saved)));
+  train_to(resumed, resumed_optimizer, run.train_loader, run.device, saved, run.epochs, checkpoint);
 }
 
 // --checkpoint PATH: resumes from PATH when it exists, trains to --epochs, saving after each.
@@ -324,22 +310,22 @@ void checkpoint_run(Run& run, ANN& model, torch::optim::Adam& optimizer, const s
   }
   if (epoch >= run.epochs) std::cout << "already at epoch " << epoch << ": nothing to train\n";
   train_to(model, optimizer, run.train_loader, run.device, epoch, run.epochs, path);
+}
+
+// --to-python PATH: the model written for Python's torch.load(path, weights_only=True), read back.
+void to_python(Run& run, ANN& model, const std::string& path) {
+  save_python_weights(model, path);
   ANN back;
-  back->to(run.device);
-  torch::optim::Adam back_optimizer(back->parameters(), torch::optim::AdamOptions(kLearningRate));
-  if (epoch > 0) load_checkpoint(back, back_optimizer, path, run.device);
-  const double diff = std::max(
-      course::max_abs_diff(back->parameters(), model->parameters()),
-      course::max_adam_diff(back_optimizer, back->parameters(), optimizer, model->parameters()));
-  run.verdict.check(epoch == 0 || diff == 0,
-                    "the checkpoint reads back equal to the model and Adam",
+  load_python_weights(back, path);
+  const double diff = course::max_abs_diff(back->parameters(), model->parameters());
+  run.verdict.check(diff == 0, "the file written for Python reads back equal",
                     evidence("max abs diff %g", diff));
 }
 
-// A file, written at the end of the run, must be writable now, not after the training.
+// A file to be written must be writable now, not after the training.
 void check_writable(const std::string& path, const std::string& flag) {
-  const fs::path folder = fs::absolute(path).parent_path();
-  if (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0) {
+  const fs::path folder = fs::absolute(path.empty() ? "." : path).parent_path();
+  if (!path.empty() && (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)) {
     throw course::CheckpointError(flag + " " + path + ": the folder " + folder.string() +
                                       " does not exist or is not writable",
                                   "create the folder first, or give " + flag + " another path");
@@ -356,7 +342,7 @@ int main(int argc, char** argv) try {
   course::CommonOptions options;
   options.seed = kSeed;
   int epochs = 0;  // 0: kEpochs, or kQuickEpochs with --quick
-  std::string checkpoint, from_python, to_python;
+  std::string checkpoint, from_python, to_python_path;
   course::Cli cli("lesson10_checkpointing",
                   "Lesson 10: save a model, load it onto a device, resume a training run, and "
                   "Python's state_dict files.",
@@ -368,25 +354,25 @@ int main(int argc, char** argv) try {
       "train to --epochs, resuming from this file when it exists, saving after each epoch");
   cli.add_path("--from-python", from_python,
                "no training: the model Python saved with torch.save(model.state_dict(), PATH)");
-  cli.add_path("--to-python", to_python,
+  cli.add_path("--to-python", to_python_path,
                "write the model at the end for Python's torch.load(PATH, weights_only=True)");
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
-  if (!checkpoint.empty()) check_writable(checkpoint, "--checkpoint");
-  if (!to_python.empty()) check_writable(to_python, "--to-python");
+  check_writable(checkpoint, "--checkpoint");
+  check_writable(to_python_path, "--to-python");
+
   torch::manual_seed(options.seed);
   course::FashionMNIST train_ds(options.data_dir, /*train=*/true,
                                 options.quick ? kQuickSamples : -1);
-  const auto train_size = static_cast<long long>(*train_ds.size());
+  std::printf("Fashion-MNIST: %lld training images; the tutorial's ANN, Adam, batch %lld\n",
+              static_cast<long long>(*train_ds.size()), static_cast<long long>(kBatchSize));
   auto train_loader = make_train_loader(std::move(train_ds));
   auto test_loader = make_test_loader(course::FashionMNIST(options.data_dir, /*train=*/false));
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
-  std::printf("Fashion-MNIST: %lld training images; the tutorial's ANN, Adam, batch %lld\n",
-              train_size, static_cast<long long>(kBatchSize));
   Run run{device, *train_loader, *test_loader, epochs, {}};
 
   ANN model;
-  model->to(device);
+  model->to(device);  // before the optimizer is built over its parameters
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   if (!from_python.empty()) {
     load_python_weights(model, from_python);
@@ -394,23 +380,9 @@ int main(int argc, char** argv) try {
   } else if (!checkpoint.empty()) {
     checkpoint_run(run, model, optimizer, checkpoint);
   } else {
-    const fs::path work = fs::temp_directory_path() / ("lesson10-" + std::to_string(::getpid()));
-    fs::create_directories(work);
-    struct Cleanup {
-      fs::path path;
-      ~Cleanup() { fs::remove_all(path); }
-    } cleanup{work};
-    recipe(run, model, optimizer, work);
+    recipe(run, model, optimizer);
   }
-  if (!to_python.empty()) {
-    save_python_weights(model, to_python);
-    ANN back;
-    load_python_weights(back, to_python);
-    const double diff = course::max_abs_diff(back->parameters(), model->parameters());
-    std::cout << "wrote " << to_python << " for Python's torch.load(path, weights_only=True)\n";
-    run.verdict.check(diff == 0, "the file written for Python reads back equal",
-                      evidence("max abs diff %g", diff));
-  }
+  if (!to_python_path.empty()) to_python(run, model, to_python_path);
   const double accuracy = evaluate(model, *test_loader, device);
   std::printf("Test Accuracy: %.4f\n", accuracy);
   if (from_python.empty() && epochs >= (options.quick ? kQuickEpochs : kEpochs)) {
