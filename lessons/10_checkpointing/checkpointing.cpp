@@ -54,10 +54,10 @@ constexpr int kQuickEpochs = 2;
 constexpr std::int64_t kQuickSamples = 10000;
 constexpr double kQuickAccuracyBar = 0.70;
 
-// ---- the tutorial's model -----------------------------------------------------------------------
-// Lesson 05's ANN, declared again: each tutorial declares its own, and a state_dict is the names
-// and shapes of one model's tensors. These names (fc1, fc2, out) are the Python ANN's, so a file
-// either side saves loads on the other.
+// ---- the tutorial's model: lesson 05's, declared again ---------------------------------------
+//! [model]
+// Each tutorial declares its own, and a state_dict is the names and shapes of one model's tensors:
+// these (fc1, fc2, out) are the Python ANN's, so a file either side saves loads on the other.
 struct ANNImpl : torch::nn::Module {
   ANNImpl()
       : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
@@ -74,6 +74,7 @@ struct ANNImpl : torch::nn::Module {
   torch::nn::ReLU relu;
 };
 TORCH_MODULE(ANN);
+//! [model]
 
 // ---- data, training and evaluation: lesson 05's -------------------------------------------------
 using Batches =
@@ -273,7 +274,6 @@ void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer) {
   const int stop = std::max(1, run.epochs / 2);
   train_to(model, optimizer, run.train_loader, run.device, epoch, stop, checkpoint);
   const double accuracy = evaluate(model, run.test_loader, run.device);
-
   std::cout << "\n== 2. torch::save the weights; torch::load them onto " << run.device << " ==\n";
   save_weights(model, weights);
   ANN loaded;  // a fresh model, on the CPU until torch::load puts its tensors on the device
