@@ -1,10 +1,9 @@
-// Lesson 12 (going further) — crash-safe checkpoints: lesson 10's checkpoint made to resume a run
-// bit for bit, to survive a kill in the middle of a save, and to refuse a bad file before LibTorch
-// reads it. Lesson 10 saves the model, Adam's state and the epoch with save_to(path) and reads them
-// with load_from(path, device). Measured against it:
+// Lesson 12 (going further) — crash-safe checkpoints: lesson 10's checkpoint (model, Adam, epoch;
+// save_to(path), load_from(path, device)) made to resume a run bit for bit, to survive a kill in
+// the middle of a save, and to refuse a bad file before LibTorch reads it. Measured against lesson
+// 10:
 //   - part 1, an exact resume: the generators' states (the next epoch's shuffle) and where the run
-//     stands: resumed as lesson 10 resumes, a run goes on as another run; with them, as the same
-//     run, bitwise. A resume with other flags is refused;
+//     stands; resumed as lesson 10 resumes, a run goes on as another run. Other flags are refused;
 //   - part 2, atomic writes: save_to(path) truncates the last checkpoint before writing the next,
 //     so a kill mid-save loses it; a temporary file, flushed and renamed over it, never does (a
 //     child process killed with SIGKILL at random moments, each way);
@@ -16,9 +15,9 @@
 // Run:    build/bin/lesson12_crash_safe_checkpoints [--device ...] [--quick]   (every part)
 //         build/bin/lesson12_crash_safe_checkpoints --checkpoint run.pt --epochs 5   (resumes when
 //             run.pt exists, saves atomically after every epoch: stop it with Ctrl-C, run it again)
-// Checks: each part's claim above, and the test accuracy against the bar; with --checkpoint, that
-//         the last checkpoint reads back equal. Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or
-//         bad checkpoint (with a HINT), 130 stopped by Ctrl-C.
+// Checks: each part's claim, and the test accuracy against the bar; with --checkpoint, that the
+//         last checkpoint reads back equal. Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad
+//         checkpoint (with a HINT), 130 stopped by Ctrl-C.
 #include <fcntl.h>        // defines: open, O_DIRECTORY
 #include <sys/stat.h>     // defines: fchmod, umask
 #include <torch/torch.h>  // defines: torch::serialize, torch::optim, torch::data
@@ -215,9 +214,10 @@ struct Progress {
 // Lesson 10's checkpoint (model_state_dict, optimizer_state_dict, epoch) and what it lacks: what
 // the file is, where the run stands and on what, the generators' states, and a CRC-32 over all it
 // restores (LibTorch's zip reader does not check the zip's own CRCs: a flipped bit in a tensor
-// would load silently). `tensors`: the model's (another model's, in the tests).
+// would load silently). `tensors`: the model's when empty (another model's, in the tests).
 void save_checkpoint(Training& run, const Progress& progress, const torch::Device& device,
-                     const std::string& path, const course::StateDict& tensors) {
+                     const std::string& path, course::StateDict tensors = {}) {
+  if (tensors.empty()) tensors = course::state_dict(*run.model);
   torch::serialize::OutputArchive archive, model_state_dict, optimizer_state_dict;
   archive.write("format", c10::IValue(kFormatVersion));  // so that loading can refuse other files
   archive.write("model_name", c10::IValue(std::string(kModelName)));
@@ -246,11 +246,6 @@ void save_checkpoint(Training& run, const Progress& progress, const torch::Devic
   write_atomically(path, [&](const Sink& sink) { archive.save_to(sink); });
 }
 //! [save-checkpoint]
-
-void save_checkpoint(Training& run, const Progress& progress, const torch::Device& device,
-                     const std::string& path) {
-  save_checkpoint(run, progress, device, path, course::state_dict(*run.model));
-}
 
 // ---- part 4: loading, defensively --------------------------------------------------------------
 const char* const kDamagedHint = "restore a backup, or delete it to start over";
@@ -701,10 +696,7 @@ int main(int argc, char** argv) try {
   } else {  // every part, in a temporary folder
     lesson.work = fs::temp_directory_path() / ("lesson12-" + std::to_string(::getpid()));
     fs::create_directories(lesson.work);
-    struct Cleanup {
-      fs::path path;
-      ~Cleanup() { fs::remove_all(path); }
-    } cleanup{lesson.work};
+    const std::shared_ptr<void> cleanup(nullptr, [&](void*) { fs::remove_all(lesson.work); });
     epochs = epochs > 0 ? std::max(epochs, kResumeAt + 1) : kDemoEpochs;
     run.emplace(resume_exactly(lesson, epochs, progress));
     kill_while_saving(lesson, options.quick ? kQuickKills : kKills);
