@@ -205,10 +205,10 @@ void train_to(ANN& model, torch::optim::Adam& optimizer, TrainLoader& train_load
     try {
       loss = train_epoch(model, train_loader, optimizer, device);
     } catch (const course::Interrupted& stop) {
-      const std::string kept = checkpoint + " holds epoch " + std::to_string(epoch);
+      const std::string kept = checkpoint + " holds epoch " + std::to_string(epoch) +
+                               ": run the same command to resume from there";
       throw course::Interrupted("epoch " + std::to_string(epoch + 1) + " abandoned " + stop.what() +
-                                "; " + (epoch == 0 ? "nothing is saved" : kept) +
-                                ": run the same command to resume from there");
+                                "; " + (epoch == 0 ? "nothing is saved" : kept));
     }
     save_checkpoint(model, optimizer, ++epoch, checkpoint);
     std::printf("Epoch %lld, Loss: %.4f  (saved to %s)\n", static_cast<long long>(epoch), loss,
