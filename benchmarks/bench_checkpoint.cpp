@@ -1,8 +1,8 @@
 // bench_checkpoint: the costs of checkpoints. Saving and loading a model of a few hundred MB, from
-// and to the CPU and the GPU (lesson 10's atomic save with fsync against an in-place
+// and to the CPU and the GPU (lesson 12's atomic save with fsync against lesson 10's in-place
 // save_to(path)), and lesson 13's activation checkpointing: step time and peak memory against the
-// plain step. GPU timings synchronize
-// before reading the clock; files go to $TMPDIR (default /tmp), so disk speed is part of a save.
+// plain step. GPU timings synchronize before reading the clock; files go to $TMPDIR (default
+// /tmp), so disk speed is part of a save.
 //
 // Run: build/bin/bench_checkpoint --benchmark_out=checkpoint.json --benchmark_out_format=json
 #include <torch/torch.h>
@@ -11,11 +11,12 @@
 #include <filesystem>
 
 #include "bench.h"
-#include "checkpointing.h"
 #include "common/memory.h"
-// Lesson 13 is one file with its own main(); the benchmark includes it for its functions.
+// Lessons 12 and 13 are one file each with its own main(); the benchmark includes them for their
+// functions.
 #define GPU_LESSONS_NO_MAIN
 #include "activation_checkpointing.cpp"
+#include "crash_safe_checkpoints.cpp"
 
 namespace {
 
@@ -53,7 +54,7 @@ void save(benchmark::State& state, const torch::Device& device) {
     // The archive is built inside the timed region: on a GPU it copies every tensor to the host.
     torch::serialize::OutputArchive archive = archive_of(model);
     if (atomic) {
-      lesson10::write_atomically(path, [&](const lesson10::Sink& sink) { archive.save_to(sink); });
+      lesson12::write_atomically(path, [&](const lesson12::Sink& sink) { archive.save_to(sink); });
     } else {
       archive.save_to(path);
     }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,7 +21,8 @@ namespace course {
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
   if (argv.empty()) throw std::runtime_error("ChildProcess: no program to start");
   int pipe_ends[2];
-  if (::pipe(pipe_ends) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe(pipe_ends) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDOUT_FILENO);
@@ -91,6 +93,28 @@ double kill_at_random_moment(const std::vector<std::string>& argv, int lines,
   std::this_thread::sleep_for(std::chrono::duration<double>(when(random)));
   child.kill();
   return piece;
+}
+
+KillReport kill_repeatedly(const std::vector<std::string>& argv, int lines, int kills,
+                           std::uint64_t seed, const std::function<void()>& check) {
+  std::mt19937_64 random(seed);
+  KillReport report;
+  std::vector<double> pieces;
+  for (; report.kills < kills; ++report.kills) {
+    pieces.push_back(kill_at_random_moment(argv, lines, random));
+    try {
+      check();
+      report.survived += 1;
+    } catch (const std::exception& e) {
+      if (report.failure.empty()) report.failure = e.what();
+    }
+  }
+  std::sort(pieces.begin(), pieces.end());
+  if (!pieces.empty()) {
+    const std::size_t n = pieces.size();
+    report.piece_seconds = n % 2 == 1 ? pieces[n / 2] : (pieces[n / 2 - 1] + pieces[n / 2]) / 2;
+  }
+  return report;
 }
 
 }  // namespace course

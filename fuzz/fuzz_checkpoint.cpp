@@ -1,32 +1,34 @@
-// fuzz_checkpoint: libFuzzer target for lesson 10's two readers, each given the same input:
-// load_checkpoint (a training run's checkpoint, into lesson 11's model and Adam) and
-// read_python_state_dict (a file torch.save wrote). The lesson's own code runs up to the point
-// where LibTorch's readers take over, and after them. Every input must load or give a
-// lesson10::CheckpointError; a crash, another exception or a hang is a bug. Run by scripts/fuzz,
-// seeds in fuzz/corpus/fuzz_checkpoint/.
+// fuzz_checkpoint: libFuzzer target for the two readers of checkpoint files, each given the same
+// input: lesson 12's load_checkpoint (a training run's checkpoint, into the tutorial's ANN and
+// Adam) and course::read_python_state_dict (a file torch.save wrote; lesson 10 reads them). The
+// course's own code runs up to the point where LibTorch's readers take over, and after them. Every
+// input must load or give a course::CheckpointError; a crash, another exception or a hang is a
+// bug. Run by scripts/fuzz, seeds in fuzz/corpus/fuzz_checkpoint/.
 #include <torch/torch.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 
-#include "checkpointing.h"  // defines: lesson10::load_checkpoint, read_python_state_dict
-#include "fuzz_file.h"      // defines: fuzz::write_input
+#include "fuzz_file.h"  // defines: fuzz::write_input
+// Lesson 12 is one file with its own main(); the target includes it for its functions.
+#define GPU_LESSONS_NO_MAIN
+#include "crash_safe_checkpoints.cpp"  // defines: lesson12::load_checkpoint, Training
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static lesson11::Trainer trainer = lesson11::make_trainer(torch::kCPU, lesson10::kSeed);
+  static lesson12::Training run(torch::kCPU, lesson12::kSeed);
   const std::string& path = fuzz::write_input(data, size);
   try {
-    lesson10::load_checkpoint(trainer, torch::kCPU, path);
-  } catch (const lesson10::CheckpointError&) {
+    lesson12::load_checkpoint(run, torch::kCPU, path);
+  } catch (const course::CheckpointError&) {
   }
   try {
-    for (const auto& entry : lesson10::read_python_state_dict(path)) {
-      // What the lesson does next with a state_dict's tensors: read every element.
+    for (const auto& entry : course::read_python_state_dict(path)) {
+      // What the lessons do next with a state_dict's tensors: read every element.
       volatile double sum = entry.second.to(torch::kDouble).sum().item<double>();
       (void)sum;
     }
-  } catch (const lesson10::CheckpointError&) {
+  } catch (const course::CheckpointError&) {
   }
   return 0;
 }

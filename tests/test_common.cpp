@@ -1,5 +1,6 @@
 // Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST, memory
-// metering, timing and synthetic data.
+// metering, timing and synthetic data, a crash test's kills, and state_dicts (Python's files,
+// the strict load, the checks of a LibTorch archive, Adam's state).
 #include <signal.h>
 #include <sys/wait.h>
 #include <zlib.h>
@@ -7,6 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -21,6 +26,7 @@
 #include "common/interrupt.h"
 #include "common/memory.h"
 #include "common/nvml.h"
+#include "common/state_dict.h"
 #include "common/timing.h"
 #include "common/verdict.h"
 #include "cuda_test.h"
@@ -123,6 +129,22 @@ TEST(ChildProcess, ReadsLinesAndKills) {
     EXPECT_NE(std::string(e.what()).find("/no/such/program"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(std::filesystem::exists(course::self_executable()));
+}
+
+// Tests the crash test's loop: each kill is followed by the check, its failures counted and the
+// first one kept, and the piece of work between two lines measured.
+TEST(ChildProcess, KillRepeatedlyChecksAfterEachKill) {
+  int checks = 0;
+  const course::KillReport report = course::kill_repeatedly(
+      {"/bin/sh", "-c", "while :; do echo piece; sleep 0.02; done"}, /*lines=*/2, /*kills=*/4,
+      /*seed=*/1, [&] {
+        if (++checks % 2 == 0) throw std::runtime_error("torn " + std::to_string(checks));
+      });
+  EXPECT_EQ(report.kills, 4);
+  EXPECT_EQ(checks, 4);
+  EXPECT_EQ(report.survived, 2);
+  EXPECT_EQ(report.failure, "torn 2");
+  EXPECT_GT(report.piece_seconds, 0.0);
 }
 
 // ---- comparing results -----------------------------------------------------------------------------
@@ -579,4 +601,206 @@ TEST(SmiView, NeedsACudaDevice) {
     EXPECT_FALSE(cuda.available);
     EXPECT_NE(cuda.why_not.find("needs CUDA"), std::string::npos) << cuda.why_not;
   }
+}
+
+// ---- state_dicts -------------------------------------------------------------------------------
+namespace {
+
+// The tutorial's layer names and shapes, small: what the lessons' state_dicts look like.
+struct TinyImpl : torch::nn::Module {
+  explicit TinyImpl(std::int64_t hidden = 4)
+      : fc1(register_module("fc1", torch::nn::Linear(3, hidden))),
+        out(register_module("out", torch::nn::Linear(hidden, 2))) {}
+  torch::nn::Linear fc1, out;
+};
+TORCH_MODULE(Tiny);
+
+// A fresh folder for one test, removed afterwards.
+struct Scratch {
+  Scratch() {
+    std::string name = (fs::temp_directory_path() / "common-test-XXXXXX").string();
+    path = ::mkdtemp(name.data());
+  }
+  ~Scratch() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  fs::path path;
+};
+
+std::string bytes_of_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The message of the CheckpointError `work` throws ("" when it throws none).
+std::string refusal_of(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const course::CheckpointError& e) {
+    EXPECT_FALSE(e.hint().empty()) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Tests that a state_dict written for Python reads back by the same names, in order, equal.
+TEST(StateDict, WrittenForPythonReadsBackEqual) {
+  Scratch scratch;
+  Tiny model;
+  course::write_python_state_dict(course::state_dict(*model), scratch.file("sd.pt"));
+  const course::StateDict back = course::read_python_state_dict(scratch.file("sd.pt"));
+  ASSERT_EQ(back.size(), 4u);
+  const std::vector<std::string> names = {"fc1.weight", "fc1.bias", "out.weight", "out.bias"};
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(back[i].first, names[i]);
+    EXPECT_TRUE(torch::equal(back[i].second, course::state_dict(*model)[i].second));
+  }
+  EXPECT_NE(refusal_of([&] { course::write_python_state_dict({}, "/no/such/folder/sd.pt"); })
+                .find("cannot write /no/such/folder/sd.pt"),
+            std::string::npos);
+}
+
+// Tests the strict load: every name and shape checked, a floating dtype converted, and nothing
+// copied when anything is wrong.
+TEST(StateDict, LoadIsStrictAndAllOrNothing) {
+  Tiny model, other;
+  const torch::Tensor before = model->fc1->weight.detach().clone();
+  course::StateDict wider = course::state_dict(*Tiny(8)), fewer = course::state_dict(*other),
+                    more = fewer, ints = fewer;
+  fewer.pop_back();
+  more.emplace_back("fc2.weight", torch::zeros({2, 2}));
+  ints[3].second = torch::zeros({2}, torch::kLong);
+  const std::vector<std::pair<course::StateDict, std::string>> bad = {
+      {wider, "'fc1.weight' is [8, 3] Float in the file but [4, 3] Float in the model"},
+      {fewer, "has no 'out.bias'"},
+      {more, "has 'fc2.weight', which the model does not have"},
+      {ints, "'out.bias' is [2] Long in the file"}};
+  for (const auto& [tensors, expected] : bad) {
+    const std::string refusal =
+        refusal_of([&] { course::load_state_dict(*model, tensors, "file.pt", "the fix"); });
+    EXPECT_NE(refusal.find(expected), std::string::npos) << refusal;
+    EXPECT_EQ(refusal.rfind("file.pt", 0), 0u) << refusal;
+    EXPECT_TRUE(torch::equal(model->fc1->weight, before)) << expected;
+  }
+  course::StateDict doubles = course::state_dict(*other);
+  for (auto& entry : doubles) entry.second = entry.second.to(torch::kDouble);
+  course::load_state_dict(*model, doubles, "doubles.pt", "the fix");
+  EXPECT_EQ(model->fc1->weight.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(model->fc1->weight, other->fc1->weight));
+}
+
+// Writes `bytes` to `path` damaged in 308 ways, calling `check(what)` after each: truncated at 97
+// offsets from 0 to the whole file less a 97th, then with one byte changed at 211 positions spread
+// evenly over it (the zip's headers, the pickles, the tensors).
+constexpr int kDamagedCopies = 97 + 211;
+void damage_everywhere(const std::string& bytes, const std::string& path,
+                       const std::function<void(const std::string&)>& check) {
+  for (int i = 0; i <= 96; ++i) {
+    const std::size_t keep = bytes.size() * static_cast<std::size_t>(i) / 97;
+    write_file(path, bytes.substr(0, keep));
+    check("truncated to " + std::to_string(keep));
+  }
+  for (int i = 0; i < 211; ++i) {
+    std::string copy = bytes;
+    const std::size_t at = (copy.size() - 1) * static_cast<std::size_t>(i) / 210;
+    copy[at] = static_cast<char>(copy[at] ^ 0x5a);
+    write_file(path, copy);
+    check("byte " + std::to_string(at) + " changed");
+  }
+}
+
+// Tests the reader of Python's state_dicts against damage everywhere: a file written for Python,
+// truncated at 97 offsets and with one byte changed at 211 positions, is refused with a
+// CheckpointError or read back exactly; none crashes, hangs or reads something else.
+TEST(StateDict, CorruptionSweep) {
+  Scratch scratch;
+  torch::manual_seed(4);
+  Tiny model(64);
+  course::write_python_state_dict(course::state_dict(*model), scratch.file("sd.pt"));
+  const std::string bytes = bytes_of_file(scratch.file("sd.pt"));
+  int refused = 0, loaded = 0;
+  damage_everywhere(bytes, scratch.file("damaged.pt"), [&](const std::string& what) {
+    Tiny copy(64);
+    try {
+      course::load_state_dict(*copy, course::read_python_state_dict(scratch.file("damaged.pt")),
+                              "damaged.pt", "");
+      loaded += 1;
+      EXPECT_EQ(course::max_abs_diff(copy->parameters(), model->parameters()), 0.0) << what;
+    } catch (const course::CheckpointError&) {
+      refused += 1;
+    }
+  });
+  EXPECT_EQ(refused + loaded, kDamagedCopies);
+  std::printf("state_dict corruption sweep: %d refused, %d read back exactly\n", refused, loaded);
+}
+
+// Tests the checks before LibTorch reads an archive: a missing file, a folder, Python's format, a
+// damaged file; then a module's names and shapes against what torch::save wrote.
+TEST(StateDict, LibTorchArchivesAreCheckedBeforeTheyAreRead) {
+  Scratch scratch;
+  Tiny model, wide(8);
+  torch::save(model, scratch.file("tiny.pt"));
+  torch::save(wide, scratch.file("wide.pt"));
+  course::write_python_state_dict(course::state_dict(*model), scratch.file("python.pt"));
+  std::string bytes = bytes_of_file(scratch.file("tiny.pt"));
+  write_file(scratch.file("cut.pt"), bytes.substr(0, bytes.size() - 10));
+  EXPECT_EQ(refusal_of([&] { course::check_module_file(*model, scratch.file("tiny.pt")); }), "");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {scratch.file("none.pt"), "no file at"},
+      {scratch.path.string(), "is not a file"},
+      {scratch.file("python.pt"), "Python's torch.save format"},
+      {scratch.file("cut.pt"), "is not a readable LibTorch archive"},
+      {scratch.file("wide.pt"), "'fc1.weight' is [8, 3]"}};
+  for (const auto& [path, expected] : bad) {
+    const std::string refusal = refusal_of([&] { course::check_module_file(*model, path); });
+    EXPECT_NE(refusal.find(expected), std::string::npos) << refusal;
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from(scratch.file("tiny.pt"));
+  const course::StateDict tensors = course::archive_tensors(archive);
+  ASSERT_EQ(tensors.size(), 4u);
+  EXPECT_EQ(tensors[0].first, "fc1.weight");
+}
+
+// Tests Adam's state by parameter: none before a step, the moments after, equal for an Adam that
+// loaded the other's state, and refused when its shapes are not the parameters'.
+TEST(StateDict, AdamStateByParameter) {
+  Tiny model, copy;
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  EXPECT_EQ(course::adam_state(adam, model->fc1->weight), nullptr);
+  model->out(model->fc1(torch::rand({5, 3}))).sum().backward();
+  adam.step();
+  const auto* state = course::adam_state(adam, model->fc1->weight);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->exp_avg().sizes(), model->fc1->weight.sizes());
+  EXPECT_EQ(state->step(), 1);
+  torch::optim::Adam other(copy->parameters(), torch::optim::AdamOptions(1e-3));
+  EXPECT_EQ(course::max_adam_diff(adam, model->parameters(), other, copy->parameters()),
+            std::numeric_limits<double>::infinity());
+  torch::serialize::OutputArchive out;
+  adam.save(out);
+  std::ostringstream saved;
+  out.save_to(saved);
+  const auto load = [&](torch::optim::Adam& into) {
+    std::istringstream stream(saved.str());
+    torch::serialize::InputArchive in;
+    in.load_from(stream);
+    into.load(in);
+  };
+  load(other);
+  EXPECT_EQ(course::max_adam_diff(adam, model->parameters(), other, copy->parameters()), 0.0);
+  EXPECT_EQ(course::adam_crc32(adam), course::adam_crc32(other));
+  EXPECT_EQ(refusal_of([&] { course::check_adam_state(other, copy->parameters(), "ok.pt"); }), "");
+  Tiny wide(8);  // the same number of parameters, other shapes: Adam's own load takes the state
+  torch::optim::Adam wide_adam(wide->parameters(), torch::optim::AdamOptions(1e-3));
+  load(wide_adam);
+  EXPECT_NE(refusal_of([&] { course::check_adam_state(wide_adam, wide->parameters(), "x.pt"); })
+                .find("x.pt: Adam's state of parameter 0 is [4, 3], the parameter [8, 3]"),
+            std::string::npos);
+  EXPECT_NE(course::tensor_crc32(0, torch::ones({3})), course::tensor_crc32(0, torch::zeros({3})));
 }

@@ -2,8 +2,9 @@
 # interrupt.sh BINARY CASE: Ctrl-C (SIGINT) during training, sent once the first epoch is done.
 #   lesson05  the run stops at the end of the step under way, says where, and exits 130
 #   lesson11  the same, in the tutorial's loop of lesson 11
-#   lesson10  the same, and the checkpoint keeps the last whole epoch: no temporary file is left,
-#             and a second run resumes from it
+#   lesson10  the same, and the checkpoint keeps the last whole epoch: no other file is left, and
+#             a second run resumes from it
+#   lesson12  the same for lesson 12's atomic checkpoint
 set -u
 binary=$1
 case=$2
@@ -12,7 +13,8 @@ trap 'rm -rf "$dir"' EXIT
 fail() { cat "$dir/out"; echo "interrupt.sh $case: $*" >&2; exit 1; }
 case $case in
   lesson05) set -- --device cpu --quick --epochs 100; first="Epoch 1, " ;;
-  lesson10) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100; first="epoch 1/100" ;;
+  lesson10) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100; first="Epoch 1, " ;;
+  lesson12) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100; first="epoch 1/100" ;;
   lesson11) set -- --device cpu --quick --run textbook --epochs 100; first="epoch 1/100" ;;
   *) echo "unknown case $case" >&2; exit 1 ;;
 esac
@@ -30,7 +32,7 @@ wait "$pid"
 code=$?
 [ "$code" -eq 130 ] || fail "exit $code after SIGINT, want 130"
 grep -q "^stopped (Ctrl-C): " "$dir/out" || fail "no 'stopped (Ctrl-C):' line"
-if [ "$case" = lesson10 ]; then
+if [ "$case" = lesson10 ] || [ "$case" = lesson12 ]; then
   grep -q "holds epoch" "$dir/out" || fail "does not say which epoch the checkpoint holds"
   leftovers=$(ls -A "$dir" | grep -v -e '^out$' -e '^run.pt$')
   [ -z "$leftovers" ] || fail "left behind: $leftovers"

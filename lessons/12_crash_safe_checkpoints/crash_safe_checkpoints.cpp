@@ -1,0 +1,730 @@
+// Lesson 12 (going further) — crash-safe checkpoints: lesson 10's checkpoint (model, Adam, epoch;
+// save_to(path), load_from(path, device)) made to resume a run bit for bit, to survive a kill in
+// the middle of a save, and to refuse a bad file before LibTorch reads it. Measured against lesson
+// 10:
+//   - part 1, an exact resume: the generators' states (the next epoch's shuffle) and where the run
+//     stands; resumed as lesson 10 resumes, a run goes on as another run. Other flags are refused;
+//   - part 2, atomic writes: save_to(path) truncates the last checkpoint before writing the next,
+//     so a kill mid-save loses it; a temporary file, flushed and renamed over it, never does (a
+//     child process killed with SIGKILL at random moments, each way);
+//   - part 3, device mapping: the checkpoint loads on the CPU and on a GPU, Adam's state with it;
+//   - part 4, loading defensively: a stranger's file is checked before LibTorch reads it, then its
+//     checksum, names, shapes, dtypes and optimizer state; a refused file changes nothing;
+//   - Ctrl-C finishes the step under way and keeps the last whole epoch's checkpoint (exit 130).
+//
+// Run:    build/bin/lesson12_crash_safe_checkpoints [--device ...] [--quick]   (every part)
+//         build/bin/lesson12_crash_safe_checkpoints --checkpoint run.pt --epochs 5   (resumes when
+//             run.pt exists, saves atomically after every epoch: stop it with Ctrl-C, run it again)
+// Checks: each part's claim, and the test accuracy against the bar; with --checkpoint, that the
+//         last checkpoint reads back equal. Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad
+//         checkpoint (with a HINT), 130 stopped by Ctrl-C.
+#include <fcntl.h>        // defines: open, O_DIRECTORY
+#include <sys/stat.h>     // defines: fchmod, umask
+#include <torch/torch.h>  // defines: torch::serialize, torch::optim, torch::data
+#include <unistd.h>       // defines: fsync, access, getpid
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/child_process.h"  // defines: kill_repeatedly, self_executable
+#include "common/cli.h"            // defines: Cli, CpuThreads, start_lesson
+#include "common/compare.h"        // defines: max_abs_diff
+#include "common/dataset.h"        // defines: FashionMNIST
+#include "common/device.h"         // defines: cuda_device_count, format_bytes
+#include "common/generator.h"      // defines: rng_state, set_rng_state
+#include "common/interrupt.h"      // defines: StopOnInterrupt, stop_requested, Interrupted
+#include "common/state_dict.h"     // defines: CheckpointError, checked_copies, tensor_crc32, ...
+#include "common/timing.h"         // defines: Stopwatch
+#include "common/verdict.h"        // defines: Verdict, report_error
+
+namespace lesson12 {
+
+namespace fs = std::filesystem;
+using course::CheckpointError;
+
+// ---- knobs -----------------------------------------------------------------------------------
+constexpr std::uint64_t kSeed = 12;
+constexpr int kEpochs = 5;               // --checkpoint runs train to this many by default
+constexpr std::int64_t kBatchSize = 64;  // lesson 10's (the tutorial's)
+constexpr double kLearningRate = 1e-3;   // lesson 10's Adam
+// One loader thread: the batches come in the sampler's order whatever the count (the loader keeps
+// it), and the one CPU thread of the bitwise check keeps a core of its own.
+constexpr int kWorkers = 1;
+constexpr std::int64_t kQuickSamples = 10000;  // --quick: the first 10,000 training images
+constexpr double kAccuracyBar = 0.85;          // lesson 05's, after kEpochs on all images
+constexpr double kQuickAccuracyBar = 0.70;     // for shorter runs
+constexpr int kDemoEpochs = 3;  // part 1: a run of kDemoEpochs, stopped after kResumeAt, resumed
+constexpr int kResumeAt = 2;
+constexpr int kKills = 8;  // part 2: a child process saving in a loop is killed this many times
+constexpr int kQuickKills = 3;
+constexpr std::int64_t kSaveLoopBytes = 32ll << 20;  // large enough that most kills land mid-write
+constexpr std::int64_t kFormatVersion = 1;  // what a checkpoint says it holds: others are refused
+constexpr const char* kModelName = "ANN 784-128-64-10 + Adam";
+// A fuzzing build (scripts/fuzz) lets a failed checksum through, so that the fuzzer's mutations
+// reach the checks behind it instead of stopping at the first checksum they break.
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+constexpr bool kFuzzing = true;
+#else
+constexpr bool kFuzzing = false;
+#endif
+
+// ---- lesson 10's model, data and loop ----------------------------------------------------------
+struct ANNImpl : torch::nn::Module {
+  ANNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+        out(register_module("out", torch::nn::Linear(64, 10))),
+        relu(register_module("relu", torch::nn::ReLU())) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return out(relu(fc2(relu(fc1(x.view({x.size(0), -1}))))));
+  }
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::ReLU relu;
+};
+TORCH_MODULE(ANN);
+
+// A run's model (the seed's first weights, on the device) and Adam, built after the move.
+struct Training {
+  Training(const torch::Device& device, std::uint64_t seed)
+      : model((torch::manual_seed(seed), ANN())),
+        optimizer((model->to(device), model->parameters()),
+                  torch::optim::AdamOptions(kLearningRate)) {}
+  ANN model;
+  torch::optim::Adam optimizer;
+};
+
+using Batches =
+    torch::data::datasets::MapDataset<course::FashionMNIST, torch::data::transforms::Stack<>>;
+using TrainLoader = torch::data::StatelessDataLoader<Batches, torch::data::samplers::RandomSampler>;
+
+// DataLoader(train_ds, batch_size, shuffle=True): the RandomSampler draws an order from the CPU
+// generator when it is made and when each epoch begins.
+std::unique_ptr<TrainLoader> make_train_loader(const course::FashionMNIST& train_ds,
+                                               std::int64_t batch_size) {
+  return torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
+      course::FashionMNIST(train_ds).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions().batch_size(batch_size).workers(kWorkers));
+}
+
+// One epoch: its steps and mean loss. Ctrl-C ends it after the step under way.
+std::pair<std::int64_t, double> train_epoch(Training& run, TrainLoader& loader,
+                                            const torch::Device& device) {
+  run.model->train();
+  std::int64_t steps = 0;
+  double total_loss = 0;
+  for (auto& [features, labels] : loader) {
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        run.model->forward(features.to(device)), labels.to(device));
+    run.optimizer.zero_grad();
+    loss.backward();
+    run.optimizer.step();
+    total_loss += loss.item<double>();
+    if (++steps, course::stop_requested()) {
+      throw course::Interrupted("after step " + std::to_string(steps));
+    }
+  }
+  return {steps, total_loss / static_cast<double>(steps)};
+}
+
+double evaluate(ANN& model, const course::FashionMNIST& test_ds, const torch::Device& device) {
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const course::ImageSet& test = test_ds.images();
+  const auto [values, predicted] = torch::max(model->forward(test.images.to(device)), 1);
+  return (predicted == test.labels.to(device)).sum().item<double>() /
+         static_cast<double>(test.labels.size(0));
+}
+
+// ---- part 2: atomic writes ------------------------------------------------------------------
+using Sink = std::function<std::size_t(const void*, std::size_t)>;
+
+//! [write-atomically]
+// Runs `write` with a sink into a temporary file in `path`'s folder, flushes that file to the
+// disk and renames it over `path`. A process killed at any moment leaves either the old file or
+// the new one at `path`, never a mix (a temporary file may be left beside it).
+void write_atomically(const std::string& path, const std::function<void(const Sink&)>& write) {
+  const fs::path target = fs::absolute(path);
+  const fs::path folder = target.parent_path();
+  // The temporary file lives in the same folder: rename() is atomic only within one file system.
+  std::string temporary = (folder / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) {
+    throw CheckpointError("cannot write " + path + ": " + std::strerror(errno),
+                          "check that the folder " + folder.string() + " exists and is writable");
+  }
+  const mode_t mask = ::umask(0);  // mkstemp makes the file private; give it a new file's mode
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  int error = 0;  // the sink never throws (LibTorch's zip writer calls it); it records the error
+  const Sink sink = [&](const void* data, std::size_t size) -> std::size_t {
+    const char* bytes = static_cast<const char*>(data);
+    for (std::size_t done = 0; done < size && error == 0;) {
+      const ssize_t n = ::write(fd, bytes + done, size - done);
+      if (n < 0 && errno != EINTR) error = errno;
+      if (n > 0) done += static_cast<std::size_t>(n);
+    }
+    return error == 0 ? size : 0;
+  };
+  std::string failure;
+  try {
+    write(sink);
+  } catch (const std::exception& e) {
+    failure = course::error_message(e);
+  }
+  if (error == 0 && failure.empty() && ::fsync(fd) != 0) error = errno;  // 1. bytes on the disk,
+  if (::close(fd) != 0 && error == 0) error = errno;
+  // >>> lab: rename the flushed file over `target`; on failure, set error = errno
+  if (error == 0 && failure.empty() && std::rename(temporary.c_str(), target.c_str()) != 0) {
+    error = errno;  // 2. then the name points at them: readers see the old file or the new one
+  }
+  // <<< lab
+  if (error != 0 || !failure.empty()) {
+    ::unlink(temporary.c_str());
+    throw CheckpointError(
+        "saving " + path + " failed: " + (failure.empty() ? std::strerror(error) : failure),
+        "free some disk space or save somewhere else; the previous file at " + path +
+            " is untouched");
+  }
+  // 3. the rename itself is recorded in the folder, which is flushed too (a power cut after the
+  // rename must not bring the old file back).
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+//! [write-atomically]
+
+// ---- part 1: what a checkpoint holds to resume exactly ------------------------------------------
+/// Where a run stands, and what it trains on (a resume must train on the same).
+struct Progress {
+  std::int64_t epoch = 0, step = 0;          ///< completed epochs, optimizer steps taken
+  std::int64_t samples = 0, batch_size = 0;  ///< training images per epoch, images per step
+};
+
+//! [save-checkpoint]
+// Lesson 10's checkpoint (model_state_dict, optimizer_state_dict, epoch) and what it lacks: what
+// the file is, where the run stands and on what, the generators' states, and a CRC-32 over all it
+// restores (LibTorch's zip reader does not check the zip's own CRCs: a flipped bit in a tensor
+// would load silently). `tensors`: the model's when empty (another model's, in the tests).
+void save_checkpoint(Training& run, const Progress& progress, const torch::Device& device,
+                     const std::string& path, course::StateDict tensors = {}) {
+  if (tensors.empty()) tensors = course::state_dict(*run.model);
+  torch::serialize::OutputArchive archive, model_state_dict, optimizer_state_dict;
+  archive.write("format", c10::IValue(kFormatVersion));  // so that loading can refuse other files
+  archive.write("model_name", c10::IValue(std::string(kModelName)));
+  archive.write("saved_on", c10::IValue(device.str()));
+  archive.write("epoch", c10::IValue(progress.epoch));
+  archive.write("step", c10::IValue(progress.step));
+  archive.write("samples", c10::IValue(progress.samples));
+  archive.write("batch_size", c10::IValue(progress.batch_size));
+  std::uint32_t crc = 0;
+  for (const auto& [name, tensor] : tensors) {  // by state_dict names ("fc1.weight", ...)
+    model_state_dict.write(name, tensor.detach());
+    crc = course::tensor_crc32(crc, tensor);
+  }
+  archive.write("model_state_dict", model_state_dict);
+  run.optimizer.save(optimizer_state_dict);  // Adam's moments and step counts
+  archive.write("optimizer_state_dict", optimizer_state_dict);
+  crc ^= course::adam_crc32(run.optimizer);
+  // The generators: the next epoch's shuffle (CPU) and, on a GPU, its random numbers.
+  const torch::Tensor cpu_rng = course::rng_state(torch::kCPU);
+  // >>> lab: save the CPU generator's state, cpu_rng, under the key "rng_cpu"
+  archive.write("rng_cpu", cpu_rng);
+  // <<< lab
+  crc = course::tensor_crc32(crc, cpu_rng);
+  if (device.is_cuda()) archive.write("rng_cuda", course::rng_state(device));
+  archive.write("checksum", c10::IValue(static_cast<std::int64_t>(crc)));
+  // Not archive.save_to(path), lesson 10's: it truncates the last good checkpoint first.
+  write_atomically(path, [&](const Sink& sink) { archive.save_to(sink); });
+}
+//! [save-checkpoint]
+
+// ---- part 4: loading, defensively --------------------------------------------------------------
+const char* const kDamagedHint = "restore a backup, or delete it to start over";
+
+//! [open-archive]
+// Opens a LibTorch archive, every tensor made on `device` (map_location). A stranger's file is
+// checked first: LibTorch's readers trust the numbers in a file (sizes to allocate, indices,
+// strides), and a damaged or hostile one can make them crash or run out of memory
+// (common/torch_file.h says how). LibTorch then reads the very bytes that were checked.
+torch::serialize::InputArchive open_archive(const std::string& path, const torch::Device& device) {
+  const course::TorchFile file = course::check_libtorch_archive(path, course::CrcCheck::kStructure);
+  torch::serialize::InputArchive archive;
+  try {
+    // >>> lab: read the archive from file.bytes, every tensor created on `device` (map_location)
+    archive.load_from(file.bytes.data(), file.bytes.size(), device);
+    // <<< lab
+  } catch (const std::exception& e) {
+    throw CheckpointError(path + " is not a readable checkpoint (" + course::error_message(e) + ")",
+                          kDamagedHint);
+  }
+  return archive;
+}
+//! [open-archive]
+
+std::int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key,
+                      const std::string& path) {
+  c10::IValue value;
+  if (!archive.try_read(key, value) || !value.isInt()) {
+    throw CheckpointError(path + " has no '" + key + "': it is not a whole lesson 12 checkpoint",
+                          kDamagedHint);
+  }
+  return value.toInt();
+}
+
+/// What loading found besides the progress.
+struct Loaded {
+  Progress progress;
+  std::string saved_on;            ///< the device the checkpoint was saved from ("cpu", "cuda:0")
+  bool cuda_rng = false;           ///< the checkpoint holds a CUDA generator state...
+  bool cuda_rng_restored = false;  ///< ...and it was restored (only onto a CUDA device)
+};
+
+//! [load-checkpoint]
+// Loads `path` into `run`, whose model lives on `device`. All or nothing: everything is read and
+// checked before the model, Adam or a generator is touched. CheckpointError for a missing, cut
+// short or corrupt file, another kind of file, another model, or an optimizer state that does
+// not fit.
+Loaded load_checkpoint(Training& run, const torch::Device& device, const std::string& path) {
+  torch::serialize::InputArchive archive = open_archive(path, device);  // map_location=device
+  c10::IValue text;
+  const std::int64_t format = read_int(archive, "format", path);
+  const std::string model_name =
+      archive.try_read("model_name", text) && text.isString() ? text.toStringRef() : "";
+  if (format != kFormatVersion || model_name != kModelName) {
+    throw CheckpointError(path + " holds '" + model_name + "' (format " + std::to_string(format) +
+                              "), not '" + kModelName + "' (format " +
+                              std::to_string(kFormatVersion) + ")",
+                          "use the program that saved it, or another --checkpoint path");
+  }
+  Loaded loaded{{read_int(archive, "epoch", path), read_int(archive, "step", path),
+                 read_int(archive, "samples", path), read_int(archive, "batch_size", path)},
+                archive.try_read("saved_on", text) && text.isString() ? text.toStringRef() : ""};
+
+  // 1. The model: every name present, every shape and dtype equal, nothing extra (Module::load
+  // would take whatever shapes the file has). Nothing is copied yet.
+  torch::serialize::InputArchive model_state_dict, optimizer_state_dict;
+  if (!archive.try_read("model_state_dict", model_state_dict)) {
+    throw CheckpointError(path + " has no model_state_dict", kDamagedHint);
+  }
+  const auto copies = course::checked_copies(
+      course::state_dict(*run.model), course::archive_tensors(model_state_dict),
+      /*same_dtype=*/true, path,
+      {": it is a checkpoint of another model",
+       "load it into the model it was saved from, or use another --checkpoint path"});
+
+  // 2. The optimizer: loaded into a spare Adam over the same parameters, then checked.
+  torch::optim::Adam spare(run.model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  if (!archive.try_read("optimizer_state_dict", optimizer_state_dict) ||
+      !optimizer_state_dict.try_read("pytorch_version", text)) {
+    throw CheckpointError(path + " has no optimizer state", kDamagedHint);
+  }
+  try {
+    spare.load(optimizer_state_dict);
+  } catch (const std::exception& e) {
+    throw CheckpointError(
+        path + ": the optimizer state does not load (" + course::error_message(e) + ")",
+        "it is a checkpoint of another model or optimizer");
+  }
+  course::check_adam_state(spare, run.model->parameters(), path);  // shapes, inside storage
+
+  // 3. The generators' states, tried on the generators themselves (and put back).
+  torch::Tensor cpu_rng, cuda_rng;
+  loaded.cuda_rng = archive.try_read("rng_cuda", cuda_rng);
+  const bool use_cuda_rng = loaded.cuda_rng && device.is_cuda();
+  std::string refusal = archive.try_read("rng_cpu", cpu_rng)
+                            ? course::generator_state_refusal(torch::kCPU, cpu_rng)
+                            : "none is saved";
+  if (refusal.empty() && use_cuda_rng) refusal = course::generator_state_refusal(device, cuda_rng);
+  if (!refusal.empty()) {
+    throw CheckpointError(path + " has no usable generator state (" + refusal + ")", kDamagedHint);
+  }
+
+  // 4. The checksum over what was read: a flipped bit anywhere in it is refused.
+  std::uint32_t crc = 0;
+  for (const auto& copy : copies) crc = course::tensor_crc32(crc, copy.second);
+  crc = course::tensor_crc32(crc ^ course::adam_crc32(spare), cpu_rng);
+  if (static_cast<std::int64_t>(crc) != read_int(archive, "checksum", path) && !kFuzzing) {
+    throw CheckpointError(
+        path + " is corrupt: its contents do not match its checksum",
+        "the file changed after it was written (disk or copy error): " + std::string(kDamagedHint));
+  }
+
+  // 5. Everything is read and checked: only now is the run changed.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [destination, source] : copies) destination.copy_(source);
+  }
+  run.optimizer.load(optimizer_state_dict);  // what the spare Adam took, checked
+  course::set_rng_state(torch::kCPU, cpu_rng);
+  if (use_cuda_rng) course::set_rng_state(device, cuda_rng);
+  loaded.cuda_rng_restored = use_cuda_rng;
+  return loaded;
+}
+//! [load-checkpoint]
+
+//! [train-to]
+// Trains `run` from `progress.epoch` to `epochs`, saving to `checkpoint` (unless empty) after
+// every epoch. Ctrl-C: the step under way finishes, the epoch is abandoned, and the checkpoint
+// keeps the last whole epoch. A save under way finishes first: the handler only sets a flag.
+void train_to(Training& run, Progress& progress, int epochs, TrainLoader& loader,
+              const torch::Device& device, const std::string& checkpoint) {
+  course::StopOnInterrupt stop_on_ctrl_c;
+  while (progress.epoch < epochs) {
+    course::Stopwatch watch(device);
+    std::pair<std::int64_t, double> epoch;
+    try {
+      epoch = train_epoch(run, loader, device);
+    } catch (const course::Interrupted& stop) {
+      throw course::Interrupted(
+          "epoch " + std::to_string(progress.epoch + 1) + " abandoned " + stop.what() + "; " +
+          (checkpoint.empty() || progress.epoch == 0
+               ? "nothing is saved"
+               : checkpoint + " holds epoch " + std::to_string(progress.epoch) +
+                     ": run the same command to resume from there"));
+    }
+    progress.epoch += 1;
+    progress.step += epoch.first;
+    std::printf("  epoch %lld/%d  loss %.4f  %5.2f s", static_cast<long long>(progress.epoch),
+                epochs, epoch.second, watch.seconds());
+    if (!checkpoint.empty()) {
+      watch.restart();
+      save_checkpoint(run, progress, device, checkpoint);  // after every epoch
+      std::printf("  saved (%.0f ms)", watch.seconds() * 1e3);
+    }
+    std::printf("\n");
+    std::fflush(stdout);  // a line per epoch, also through a pipe (| tee)
+  }
+}
+//! [train-to]
+
+// ---- part 2: the crash test --------------------------------------------------------------------
+//! [save-loop]
+// The child process: saves a kSaveLoopBytes archive to `path` over and over (each filled with its
+// iteration number), printing "saved N" after each, until killed. `atomic` false saves in place,
+// as lesson 10 does.
+[[noreturn]] void save_loop(const std::string& path, bool atomic) {
+  torch::Tensor payload = torch::empty({kSaveLoopBytes / 4}, torch::kFloat);
+  for (std::int64_t iteration = 1;; ++iteration) {
+    payload.fill_(static_cast<float>(iteration));
+    torch::serialize::OutputArchive archive;
+    archive.write("iteration", c10::IValue(iteration));
+    archive.write("payload", payload);
+    if (atomic) {
+      write_atomically(path, [&](const Sink& sink) { archive.save_to(sink); });
+    } else {
+      archive.save_to(path);  // truncate, then write
+    }
+    std::printf("saved %lld\n", static_cast<long long>(iteration));
+    std::fflush(stdout);
+  }
+}
+//! [save-loop]
+
+// Loads a save_loop() file and checks it is whole; returns its iteration number.
+std::int64_t check_save_loop_file(const std::string& path) {
+  torch::serialize::InputArchive archive = open_archive(path, torch::kCPU);
+  const std::int64_t iteration = read_int(archive, "iteration", path);
+  torch::Tensor payload;
+  if (!archive.try_read("payload", payload) || payload.numel() != kSaveLoopBytes / 4 ||
+      !payload.eq(static_cast<float>(iteration)).all().item<bool>()) {
+    throw CheckpointError(path + " is torn: its payload is not all " + std::to_string(iteration),
+                          "a save was interrupted in place");
+  }
+  return iteration;
+}
+
+// ---- the program -------------------------------------------------------------------------------
+struct Lesson {
+  torch::Device device;
+  course::FashionMNIST train, test;
+  Progress fresh;  // a run at epoch 0 on this data, in these batches
+  std::uint64_t seed = kSeed;
+  fs::path work = {};
+  course::Verdict verdict = {};
+  std::string file(const std::string& name) const { return (work / name).string(); }
+};
+
+std::string evidence(const char* format, double a, double b = 0) {
+  char text[80];
+  std::snprintf(text, sizeof text, format, a, b);
+  return text;
+}
+
+// A fresh run and its loader, resumed from `checkpoint` when that file exists; `as_lesson10`
+// leaves the generators as a fresh process has them, as lesson 10's resume does. A checkpoint of
+// a run on other data or batches is refused: resuming it would silently become another run.
+Training resume_or_start(const Lesson& lesson, const std::string& checkpoint, Progress& progress,
+                         std::unique_ptr<TrainLoader>& loader, bool as_lesson10 = false) {
+  progress = lesson.fresh;
+  Training run(lesson.device, lesson.seed);
+  loader = make_train_loader(lesson.train, progress.batch_size);  // draws: before the restore
+  if (checkpoint.empty()) return run;
+  if (!fs::exists(checkpoint)) {
+    std::cout << "  no checkpoint at " << checkpoint << " yet: starting from epoch 0\n";
+    return run;
+  }
+  //! [resume]
+  const torch::Tensor fresh_rng = course::rng_state(torch::kCPU);
+  const Loaded loaded = load_checkpoint(run, lesson.device, checkpoint);
+  const Progress& saved = loaded.progress;
+  if (saved.samples != progress.samples || saved.batch_size != progress.batch_size) {
+    throw CheckpointError(checkpoint + " is a run on " + std::to_string(saved.samples) +
+                              " images in batches of " + std::to_string(saved.batch_size) +
+                              ", this one " + std::to_string(progress.samples) + " in batches of " +
+                              std::to_string(progress.batch_size),
+                          "resume with the flags it was started with (--quick, --batch-size), or "
+                          "use another --checkpoint path");
+  }
+  if (as_lesson10) course::set_rng_state(torch::kCPU, fresh_rng);
+  progress = saved;
+  std::cout << "  resumed from " << checkpoint << ": epoch " << progress.epoch << ", step "
+            << progress.step << " (saved on " << loaded.saved_on << ")"
+            << (as_lesson10 ? "; the generators as lesson 10 leaves them" : "") << "\n";
+  if (loaded.cuda_rng && !loaded.cuda_rng_restored) {
+    std::cout << "  note: its CUDA generator state is not restored on " << lesson.device << "\n";
+  }
+  //! [resume]
+  return run;
+}
+
+// Part 3, device mapping: `path` loaded into a fresh run on `device` (map_location) holds `run`'s
+// model and Adam, Adam's state on `device` beside its parameters.
+void check_reload(Lesson& lesson, const std::string& path, Training& run,
+                  const torch::Device& device) {
+  Training back(device, lesson.seed);
+  const Loaded loaded = load_checkpoint(back, device, path);
+  const double diff =
+      std::max(course::max_abs_diff(back.model->parameters(), run.model->parameters()),
+               course::max_adam_diff(back.optimizer, back.model->parameters(), run.optimizer,
+                                     run.model->parameters()));
+  const auto* adam = course::adam_state(back.optimizer, back.model->fc1->weight);
+  lesson.verdict.check(diff == 0 && adam != nullptr && adam->exp_avg().device() == device,
+                       "the " + loaded.saved_on + " checkpoint loads on " + device.str() +
+                           ", equal, Adam's state with it",
+                       evidence("max abs diff %.3g", diff));
+}
+
+// Part 1: an uninterrupted run against one stopped, saved and resumed in a fresh model and Adam,
+// the generators restored (this lesson) or not (lesson 10).
+Training resume_exactly(Lesson& lesson, int epochs, Progress& progress) {
+  // Bitwise equality needs reproducible arithmetic. On the CPU that means one thread: PyTorch's
+  // own LibTorch multiplies matrices with MKL, whose threads may split a sum differently from
+  // one run to the next, so even two uninterrupted runs can differ in the last bits.
+  std::optional<course::CpuThreads> reproducible;
+  if (lesson.device.is_cpu()) reproducible.emplace(1);
+  std::cout << "\n== Part 1: save every epoch, stop, resume: the same run ==\nuninterrupted"
+            << (reproducible ? ", on one CPU thread (arithmetic that repeats bit for bit)" : "")
+            << ":\n";
+  std::unique_ptr<TrainLoader> loader;
+  Training straight = resume_or_start(lesson, "", progress, loader);
+  train_to(straight, progress, epochs, *loader, lesson.device, "");
+  std::cout << "stopped after " << kResumeAt
+            << " epochs, then resumed in a fresh model and Adam:\n";
+  const std::string run_pt = lesson.file("run.pt"), stopped = lesson.file("stopped.pt");
+  {
+    Training first = resume_or_start(lesson, stopped, progress, loader);
+    train_to(first, progress, kResumeAt, *loader, lesson.device, stopped);
+  }                // the first "process" ends here: its model, optimizer and loader are gone
+  double diff[2];  // resumed as lesson 10 does, and as this lesson does
+  std::optional<Training> resumed;
+  for (const bool as_lesson10 : {true, false}) {
+    fs::copy_file(stopped, run_pt, fs::copy_options::overwrite_existing);
+    resumed.emplace(resume_or_start(lesson, run_pt, progress, loader, as_lesson10));
+    train_to(*resumed, progress, epochs, *loader, lesson.device, run_pt);
+    diff[as_lesson10] =
+        course::max_abs_diff(straight.model->parameters(), resumed->model->parameters());
+  }
+  lesson.verdict.check(diff[0] == 0,
+                       "a resumed run's parameters equal the uninterrupted run's, "
+                       "bitwise",
+                       evidence("max abs diff %.3g", diff[0]));
+  lesson.verdict.check(diff[1] > 0,
+                       "resumed as lesson 10 does (no generator states), it is "
+                       "another run",
+                       evidence("max abs diff %.3g", diff[1]));
+  return std::move(*resumed);
+}
+
+// Part 2, `kills` times each way: starts this program with --save-loop, lets it save twice, kills
+// it with SIGKILL at a random moment of its next save (no chance to clean up: a crash, a power
+// cut), and loads what is left.
+void kill_while_saving(Lesson& lesson, int kills) {
+  std::printf(
+      "\n== Part 2: a process killed while saving ==\na child process saves a %s "
+      "checkpoint in a loop; SIGKILL at a random moment of a save, %d times each way:\n"
+      "%-36s %8s %10s %12s\n",
+      course::format_bytes(kSaveLoopBytes).c_str(), kills, "how it saves", "kills", "loadable",
+      "one save");
+  const std::string big_pt = lesson.file("big.pt");
+  for (const bool atomic : {false, true}) {
+    fs::remove(big_pt);
+    std::vector<std::string> args = {course::self_executable(), "--save-loop", big_pt, "--threads",
+                                     "1"};
+    if (!atomic) args.push_back("--in-place");
+    const course::KillReport report = course::kill_repeatedly(
+        args, /*lines=*/2, kills, lesson.seed, [&] { check_save_loop_file(big_pt); });
+    std::printf("%-36s %8d %10d %9.0f ms\n",
+                atomic ? "temporary file, fsync, rename" : "in place (save_to(path): lesson 10)",
+                report.kills, report.survived, report.piece_seconds * 1e3);
+    if (!report.failure.empty()) std::printf("  e.g. %s\n", report.failure.c_str());
+    if (atomic) {
+      lesson.verdict.check(report.survived == report.kills,
+                           "every kill of an atomic save leaves a whole, loadable checkpoint",
+                           std::to_string(report.survived) + "/" + std::to_string(report.kills));
+    }
+  }
+  // A killed atomic save leaves its temporary file (.big.pt.tmp-XXXXXX): never read, harmless.
+}
+
+// Part 4: bad files, each refused with one line and a HINT, the model and Adam left as they were.
+void refuse_bad_files(Lesson& lesson, Training& run, const Progress& progress) {
+  std::cout << "\n== Part 4: bad checkpoints ==\n";
+  const auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(lesson.file(name), std::ios::binary) << content;
+    return name;
+  };
+  const auto save = [&](const std::string& name, const course::StateDict& tensors) {
+    save_checkpoint(run, progress, lesson.device, lesson.file(name), tensors);
+    return name;
+  };
+  std::ifstream in(lesson.file("run.pt"), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  std::string noise(4096, '\0');
+  std::mt19937 random(7);
+  for (char& c : noise) c = static_cast<char>(random());
+  course::StateDict wider = course::state_dict(*run.model), fewer = wider, more = wider;
+  wider[0].second = torch::zeros({256, 784});  // another model: a wider first layer,
+  wider[1].second = torch::zeros({256});
+  fewer.pop_back();                                         // a layer missing,
+  more.emplace_back("fc4.weight", torch::zeros({10, 10}));  // a layer extra
+  course::write_python_state_dict(course::state_dict(*run.model), lesson.file("python.pt"));
+  const std::vector<std::pair<std::string, std::string>> bad_files = {
+      {"missing file", "no-such-file.pt"},
+      {"empty file", write("empty.pt", "")},
+      {"truncated (half)", write("truncated.pt", bytes.substr(0, bytes.size() / 2))},
+      {"truncated (last byte)", write("truncated1.pt", bytes.substr(0, bytes.size() - 1))},
+      {"random bytes", write("random.pt", noise)},
+      {"wrong shape", save("wider.pt", wider)},
+      {"missing key", save("fewer.pt", fewer)},
+      {"extra key", save("more.pt", more)},
+      {"a state_dict for Python", "python.pt"}};
+  int refused = 0, untouched = 0;
+  for (const auto& [what, name] : bad_files) {
+    Training victim(lesson.device, lesson.seed);
+    std::vector<torch::Tensor> before;
+    for (const auto& p : victim.model->parameters()) before.push_back(p.detach().clone());
+    try {
+      load_checkpoint(victim, lesson.device, lesson.file(name));
+      std::printf("  %-24s LOADED (it should not)\n", what.c_str());
+    } catch (const CheckpointError& e) {
+      std::string message = e.what();  // shorter lines: the file's name without its folder
+      message.replace(message.find(lesson.file(name)), lesson.file(name).size(), name);
+      std::printf("  %-24s error: %s\n", what.c_str(), message.c_str());
+      if (refused++ == 0) std::printf("  %-24s HINT: %s\n", "", e.hint().c_str());
+    }
+    const bool same = course::max_abs_diff(victim.model->parameters(), before) == 0;
+    untouched += same && victim.optimizer.state().empty() ? 1 : 0;
+  }
+  const std::string count = std::to_string(bad_files.size());
+  lesson.verdict.check(refused == static_cast<int>(bad_files.size()) && untouched == refused,
+                       "every bad checkpoint is refused with a clear error, the model untouched",
+                       std::to_string(refused) + "/" + count + " refused, " +
+                           std::to_string(untouched) + "/" + count + " untouched");
+}
+
+}  // namespace lesson12
+
+// ---- main --------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson12.cpp includes this file for its functions
+int main(int argc, char** argv) try {
+  using namespace lesson12;
+  course::CommonOptions options;
+  options.seed = kSeed;
+  int epochs = 0;  // 0: kEpochs with --checkpoint, else kDemoEpochs
+  int batch_size = static_cast<int>(kBatchSize);
+  std::string checkpoint, save_loop_path;
+  bool in_place = false;
+  course::Cli cli("lesson12_crash_safe_checkpoints",
+                  "Lesson 12: checkpoints that resume exactly, survive a kill mid-save and refuse "
+                  "bad files.",
+                  options);
+  cli.add_data_dir();
+  cli.add_path(
+      "--checkpoint", checkpoint,
+      "train to --epochs, resuming from this file when it exists, saving after each epoch");
+  cli.add_option("--epochs", epochs, "epochs to train to (0: 5 with --checkpoint, else 3)", 0,
+                 1000);
+  cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);
+  cli.add_hidden_path("--save-loop", save_loop_path);  // part 2's child process
+  cli.add_hidden_flag("--in-place", in_place);
+  if (auto code = cli.parse(argc, argv)) return *code;
+  if (!save_loop_path.empty()) save_loop(save_loop_path, /*atomic=*/!in_place);
+  const torch::Device device = course::start_lesson(options);
+  Lesson lesson{device,
+                course::FashionMNIST(options.data_dir, true, options.quick ? kQuickSamples : -1),
+                course::FashionMNIST(options.data_dir, false),
+                {},
+                options.seed};
+  lesson.fresh.samples = static_cast<std::int64_t>(*lesson.train.size());
+  lesson.fresh.batch_size = batch_size;
+  std::cout << "Fashion-MNIST: " << lesson.fresh.samples
+            << " training images; the tutorial's ANN, Adam, batch " << batch_size << "\n";
+  Progress progress;
+  std::optional<Training> run;
+  if (!checkpoint.empty()) {  // one run, resumed from the file when it exists
+    lesson.work = fs::absolute(checkpoint).parent_path();
+    if (!fs::is_directory(lesson.work) || ::access(lesson.work.c_str(), W_OK) != 0) {
+      throw CheckpointError("--checkpoint " + checkpoint + ": the folder " + lesson.work.string() +
+                                " does not exist or is not writable",
+                            "create the folder first, or give --checkpoint another path");
+    }
+    std::unique_ptr<TrainLoader> loader;
+    run.emplace(resume_or_start(lesson, checkpoint, progress, loader));
+    const std::int64_t first = progress.epoch;
+    epochs = epochs > 0 ? epochs : kEpochs;
+    train_to(*run, progress, epochs, *loader, device, checkpoint);
+    if (first >= epochs) std::cout << "  already at epoch " << first << ": nothing to train\n";
+    if (progress.epoch > first) check_reload(lesson, checkpoint, *run, torch::kCPU);
+  } else {  // every part, in a temporary folder
+    lesson.work = fs::temp_directory_path() / ("lesson12-" + std::to_string(::getpid()));
+    fs::create_directories(lesson.work);
+    const std::shared_ptr<void> cleanup(nullptr, [&](void*) { fs::remove_all(lesson.work); });
+    epochs = epochs > 0 ? std::max(epochs, kResumeAt + 1) : kDemoEpochs;
+    run.emplace(resume_exactly(lesson, epochs, progress));
+    kill_while_saving(lesson, options.quick ? kQuickKills : kKills);
+    std::cout << "\n== Part 3: device mapping ==\n";
+    check_reload(lesson, lesson.file("run.pt"), *run, torch::kCPU);
+    if (course::cuda_device_count() == 0) std::cout << "(skipped: needs CUDA) loaded on a GPU\n";
+    if (course::cuda_device_count() > 0)
+      check_reload(lesson, lesson.file("run.pt"), *run, {"cuda:0"});
+    refuse_bad_files(lesson, *run, progress);
+  }
+  const double accuracy = evaluate(run->model, lesson.test, device);
+  std::printf("test accuracy: %.4f\n", accuracy);
+  const bool full = !options.quick && epochs >= kEpochs && batch_size <= kBatchSize;
+  if (checkpoint.empty() || full) {  // the bar, for a whole run this program trained
+    const double bar = full ? kAccuracyBar : kQuickAccuracyBar;
+    lesson.verdict.check(accuracy >= bar, "the test accuracy reaches the bar",
+                         evidence("%.4f vs bar %.2f", accuracy, bar));
+  } else if (lesson.verdict.checks() == 0) {
+    lesson.verdict.check(accuracy > 0.1, "the model classifies better than chance",
+                         evidence("%.4f vs 0.10", accuracy));
+  }
+  return lesson.verdict.finish("lesson 12 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
+}
+#endif
