@@ -27,6 +27,7 @@
 #include "common/memory.h"
 #include "common/nvml.h"
 #include "common/state_dict.h"
+#include "common/temporary_folder.h"
 #include "common/timing.h"
 #include "common/verdict.h"
 #include "cuda_test.h"
@@ -649,6 +650,24 @@ std::string refusal_of(const std::function<void()>& work) {
 }  // namespace
 
 // Tests that a state_dict written for Python reads back by the same names, in order, equal.
+// Tests that a TemporaryFolder is a new empty folder of its own, gone with all it holds (files
+// and folders in it) when its scope ends.
+TEST(TemporaryFolder, NewEmptyAndGoneWithItsContentsAfterItsScope) {
+  fs::path kept;
+  {
+    const course::TemporaryFolder a("common-test-"), b("common-test-");
+    kept = a.path();
+    EXPECT_TRUE(fs::is_directory(kept));
+    EXPECT_TRUE(fs::is_empty(kept));
+    EXPECT_NE(a.path(), b.path());
+    EXPECT_EQ(a.file("x.pt"), (kept / "x.pt").string());
+    std::ofstream(a.file("x.pt")) << "x";
+    fs::create_directory(kept / "inner");
+    std::ofstream(kept / "inner" / "y.pt") << "y";
+  }
+  EXPECT_FALSE(fs::exists(kept));
+}
+
 TEST(StateDict, WrittenForPythonReadsBackEqual) {
   Scratch scratch;
   Tiny model;

@@ -167,8 +167,7 @@ double train_step(Net& model, torch::optim::Optimizer& optimizer, const torch::D
   return loss.item<double>();  // .item() copies one number back, and waits for the GPU
 }
 
-// ---- the program's steps (main, below, runs them in order)
-// ---------------------------------------
+// ---- the program's steps (main, below, runs them in order) --------------------------------------
 void print_table(const std::vector<Placement>& rows) {
   for (const auto& row : rows) {
     std::cout << "    " << std::left << std::setw(26) << row.name << std::setw(9)
@@ -220,8 +219,7 @@ void show_optimizer_built_before_move(const torch::Device& device, std::uint64_t
 
 }  // namespace lesson02
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson02.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson02;

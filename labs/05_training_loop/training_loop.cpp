@@ -45,30 +45,6 @@ constexpr int kQuickEpochs = 1;
 constexpr std::int64_t kQuickSamples = 10000;
 constexpr double kQuickAccuracyBar = 0.70;
 
-// ---- 3. Model ----------------------------------------------------------------------------------
-//! [model]
-// class ANN(nn.Module): a module is a struct holding its layers, registered by name so that
-// parameters(), to(device) and the state_dict find them ("fc1.weight", ..., "out.bias").
-struct ANNImpl : torch::nn::Module {
-  ANNImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
-        out(register_module("out", torch::nn::Linear(64, 10))),
-        relu(register_module("relu", torch::nn::ReLU())) {}
-
-  torch::Tensor forward(torch::Tensor x) {
-    x = x.view({x.size(0), -1});  // [B, 1, 28, 28] -> [B, 784]
-    x = relu(fc1(x));
-    x = relu(fc2(x));
-    return out(x);  // logits: CrossEntropyLoss applies the softmax itself
-  }
-
-  torch::nn::Linear fc1, fc2, out;
-  torch::nn::ReLU relu;
-};
-TORCH_MODULE(ANN);  // ANN: a shared pointer to an ANNImpl, hence model->forward(x)
-//! [model]
-
 // ---- 2. Data -----------------------------------------------------------------------------------
 //! [data]
 // Stack<> turns the dataset's samples into one batch, as Python's DataLoader does: features
@@ -95,6 +71,30 @@ std::unique_ptr<TestLoader> make_test_loader(course::FashionMNIST test_ds,
       torch::data::DataLoaderOptions().batch_size(batch_size));
 }
 //! [data]
+
+// ---- 3. Model ----------------------------------------------------------------------------------
+//! [model]
+// class ANN(nn.Module): a module is a struct holding its layers, registered by name so that
+// parameters(), to(device) and the state_dict find them ("fc1.weight", ..., "out.bias").
+struct ANNImpl : torch::nn::Module {
+  ANNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+        out(register_module("out", torch::nn::Linear(64, 10))),
+        relu(register_module("relu", torch::nn::ReLU())) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.view({x.size(0), -1});  // [B, 1, 28, 28] -> [B, 784]
+    x = relu(fc1(x));
+    x = relu(fc2(x));
+    return out(x);  // logits: CrossEntropyLoss applies the softmax itself
+  }
+
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::ReLU relu;
+};
+TORCH_MODULE(ANN);  // ANN: a shared pointer to an ANNImpl, hence model->forward(x)
+//! [model]
 
 // ---- 4. Training -------------------------------------------------------------------------------
 //! [train]

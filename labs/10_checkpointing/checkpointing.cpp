@@ -22,14 +22,13 @@
 //         for Python reads back equal; the test accuracy reaches the bar. Exit 0 PASS, 1 FAIL,
 //         2 bad flag, missing data or a bad file (with a HINT), 130 stopped by Ctrl-C.
 #include <torch/torch.h>  // defines: torch::save, torch::load, torch::serialize, torch::optim
-#include <unistd.h>       // defines: access, getpid
+#include <unistd.h>       // defines: access
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <memory>
 #include <string>
 
 #include "common/cli.h"         // defines: Cli, start_lesson
@@ -37,7 +36,8 @@
 #include "common/dataset.h"     // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/interrupt.h"   // defines: StopOnInterrupt, stop_requested, Interrupted
 #include "common/state_dict.h"  // defines: CheckpointError, Python's files, the checks of a file
-#include "common/verdict.h"     // defines: Verdict, report_error
+#include "common/temporary_folder.h"  // defines: TemporaryFolder
+#include "common/verdict.h"           // defines: Verdict, report_error
 
 namespace lesson10 {
 namespace fs = std::filesystem;
@@ -102,13 +102,16 @@ double train_epoch(ANN& model, TrainLoader& train_loader, torch::optim::Adam& op
   torch::nn::CrossEntropyLoss criterion;
   double total_loss = 0;
   std::int64_t batches = 0;
-  for (auto& [features, labels] : train_loader) {  // the batch moved to the model's device
-    torch::Tensor loss = criterion(model->forward(features.to(device)), labels.to(device));
+  for (auto& [features, labels] : train_loader) {
+    features = features.to(device);
+    labels = labels.to(device);
+    torch::Tensor loss = criterion(model->forward(features), labels);
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
     total_loss += loss.item<double>();
-    if (++batches, course::stop_requested()) {
+    ++batches;
+    if (course::stop_requested()) {  // Ctrl-C: stop after this step
       throw course::Interrupted("after step " + std::to_string(batches));
     }
   }
@@ -177,9 +180,8 @@ std::int64_t load_checkpoint(ANN& model, torch::optim::Adam& optimizer, const st
   if (!checkpoint.try_read("model_state_dict", model_state_dict) ||
       !checkpoint.try_read("optimizer_state_dict", optimizer_state_dict) ||
       !checkpoint.try_read("epoch", epoch) || !epoch.isInt()) {
-    throw course::CheckpointError(path +
-                                      " is not a checkpoint of this lesson (no model, "
-                                      "optimizer or epoch)",
+    const std::string what = " is not a checkpoint of this lesson (no model, optimizer or epoch)";
+    throw course::CheckpointError(path + what,
                                   "give a file --checkpoint wrote, or another path to start anew");
   }
   course::check_module_archive(*model, model_state_dict, path);  // names and shapes, first
@@ -233,7 +235,7 @@ void save_python_weights(ANN& model, const std::string& path) {
 //! [python]
 
 // ---- the program's runs -------------------------------------------------------------------------
-struct Run {
+struct Run {  // what every run of the program shares
   torch::Device device;
   TrainLoader& train_loader;
   TestLoader& test_loader;
@@ -241,7 +243,7 @@ struct Run {
   course::Verdict verdict;
 };
 
-std::string evidence(const char* format, double a, double b = 0) {
+std::string evidence(const char* format, double a, double b = 0) {  // printf, into a string
   char text[120];
   std::snprintf(text, sizeof text, format, a, b);
   return text;
@@ -258,10 +260,8 @@ double state_diff(ANN& a, torch::optim::Adam& a_optimizer, ANN& b,
 // The recipe, in a temporary folder: the tutorial's program saved after every epoch and stopped
 // half way; its weights saved and loaded onto the device; the run resumed in `resumed`.
 void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer) {
-  const fs::path work = fs::temp_directory_path() / ("lesson10-" + std::to_string(::getpid()));
-  const std::string checkpoint = work / "checkpoint.pt", weights = work / "model.pt";
-  fs::create_directories(work);
-  const std::shared_ptr<void> cleanup(nullptr, [&](void*) { fs::remove_all(work); });
+  const course::TemporaryFolder work("lesson10-");  // gone when the recipe returns or throws
+  const std::string checkpoint = work.file("checkpoint.pt"), weights = work.file("model.pt");
   std::cout << "\n== 1. The tutorial's program, saving a checkpoint after every epoch ==\n";
   ANN model;              // a run started here, and stopped half way
   model->to(run.device);  // before the optimizer is built over its parameters
@@ -282,8 +282,7 @@ void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer) {
                     "torch::load reads the weights back equal, onto " + run.device.str(),
                     evidence("max abs diff %g", diff));
   run.verdict.check(loaded_accuracy == accuracy,
-                    "the loaded model's test accuracy is the saved "
-                    "one's",
+                    "the loaded model's test accuracy is the saved one's",
                     evidence("%.4f vs %.4f", loaded_accuracy, accuracy));
 
   std::cout << "\n== 3. Resume: the checkpoint loaded into a fresh ANN and Adam ==\n";
@@ -318,7 +317,8 @@ void to_python(Run& run, ANN& model, const std::string& path) {
                     evidence("max abs diff %g", diff));
 }
 
-// A file to be written must be writable now, not after the training.
+// A file to be written must be writable now, not after the training (::access, from POSIX's
+// <unistd.h>: may this process write into the folder?).
 void check_writable(const std::string& path, const std::string& flag) {
   const fs::path folder = fs::absolute(path.empty() ? "." : path).parent_path();
   if (!path.empty() && (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)) {
@@ -330,8 +330,7 @@ void check_writable(const std::string& path, const std::string& flag) {
 
 }  // namespace lesson10
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson10.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson10;

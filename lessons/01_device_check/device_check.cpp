@@ -101,8 +101,7 @@ double probe_device(const torch::Device& device, std::uint64_t seed) {
 
 }  // namespace lesson01
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson01.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   course::CommonOptions options;

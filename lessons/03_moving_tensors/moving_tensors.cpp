@@ -153,8 +153,8 @@ double sum_of_squares_vectorized(const torch::Tensor& x) {
 }
 //! [vectorized]
 
-// ---- the program's steps (main, below, runs them in order)
-// --------------------------------------- Prints the times of creating `bytes` of random numbers on
+// ---- the program's steps (main, below, runs them in order) --------------------------------------
+// Prints the times of creating `bytes` of random numbers on
 // the device and on the CPU then moved, and on a GPU the bandwidth of host-to-device copies,
 // pageable and pinned.
 void print_creation_and_copies(const torch::Device& device, std::int64_t bytes,
@@ -205,8 +205,7 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
 
 }  // namespace lesson03
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson03.cpp and benchmarks/bench_matmul.cpp include it
 int main(int argc, char** argv) try {
   using namespace lesson03;

@@ -120,8 +120,7 @@ std::string hint_for(const std::string& message) {
 
 }  // namespace lesson04
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson04.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson04;

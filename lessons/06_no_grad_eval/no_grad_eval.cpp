@@ -176,8 +176,8 @@ bool repeat_is_identical(Classifier& model, const torch::Tensor& x, bool train_m
 }
 //! [dropout]
 
-// ---- the program's steps (main, below, runs them in order)
-// --------------------------------------- measure_pass() in each mode, in the order of Mode, with
+// ---- the program's steps (main, below, runs them in order) --------------------------------------
+// measure_pass() in each mode, in the order of Mode, with
 // one row of the table printed for each.
 std::array<PassFacts, 3> measure_modes(Classifier& model, const torch::Tensor& x,
                                        const torch::Device& device) {
@@ -213,8 +213,7 @@ std::string peak_ratio(const PassFacts& no_grad, const PassFacts& grad) {
 
 }  // namespace lesson06
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson06.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson06;

@@ -274,8 +274,8 @@ void show_smi_view(const torch::Device& device) {
 }
 //! [smi-view]
 
-// ---- the program's steps (main, below, runs them in order)
-// --------------------------------------- The training state against what the allocator holds after
+// ---- the program's steps (main, below, runs them in order) --------------------------------------
+// The training state against what the allocator holds after
 // the first step (on CUDA, also the cuBLAS workspaces and the device's total and free memory).
 void print_state(std::int64_t state, const course::MemoryStats& after_first_step,
                  const torch::Device& device) {
@@ -325,8 +325,7 @@ std::int64_t oom_start_batch(const torch::Device& device, double bytes_per_sampl
 
 }  // namespace lesson07
 
-// ---- main
-// ----------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson07.cpp and benchmarks/bench_memory.cpp include it
 int main(int argc, char** argv) try {
   using namespace lesson07;

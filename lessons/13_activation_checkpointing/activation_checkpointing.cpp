@@ -18,9 +18,8 @@
 // Checks: the same loss and gradients as the plain model within the fp32 tolerance
 //         (course::tolerance_for), the first segment's too (its input requires no grad), and a
 //         lower peak in every cell of the table. Exit 0 PASS, 1 FAIL, 2 bad flag.
-#include <torch/torch.h>  // defines: torch::autograd::Function, torch::nn
-
 #include <ATen/core/ivalue.h>  // defines: IValue::make_capsule
+#include <torch/torch.h>       // defines: torch::autograd::Function, torch::nn
 
 #include <algorithm>
 #include <cstdint>
@@ -68,7 +67,6 @@ struct StepResult {
   torch::Tensor loss;
   std::vector<torch::Tensor> gradients;  ///< in parameters() order
 };
-
 
 namespace {
 
@@ -250,11 +248,10 @@ StepResult step_gradients(DeepMlp& model, const torch::Tensor& x, const torch::T
   return result;
 }
 
-
 //! [activation-part]
 void compare_plain_and_checkpointed(const torch::Device& device, bool quick, std::uint64_t seed,
-                                   course::Verdict& verdict) {
-    // 1. The same loss and gradients, with dropout on, from the same seed.
+                                    course::Verdict& verdict) {
+  // 1. The same loss and gradients, with dropout on, from the same seed.
   const std::int64_t width = quick ? kDeepWidth / 2 : kDeepWidth;
   const int check_depth = 2 * kSegment;
   torch::manual_seed(seed);
@@ -269,12 +266,14 @@ void compare_plain_and_checkpointed(const torch::Device& device, bool quick, std
   const double tolerance = course::tolerance_for(torch::kFloat);
   const double diff = std::max(course::max_rel_diff(plain.loss, kept.loss),
                                course::max_rel_diff(plain.gradients, kept.gradients));
-  std::printf("depth %d, width %lld, dropout %.1f, segments of %d layers: loss and gradients, "
-              "max relative diff %.3g (tolerance %.0e)\n",
-              check_depth, static_cast<long long>(width), kDropout, kSegment, diff, tolerance);
-  std::printf("without replaying the RNG in backward, dropout draws other masks: gradients "
-              "differ by %.3g\n",
-              course::max_rel_diff(plain.gradients, no_replay.gradients));
+  std::printf(
+      "depth %d, width %lld, dropout %.1f, segments of %d layers: loss and gradients, "
+      "max relative diff %.3g (tolerance %.0e)\n",
+      check_depth, static_cast<long long>(width), kDropout, kSegment, diff, tolerance);
+  std::printf(
+      "without replaying the RNG in backward, dropout draws other masks: gradients "
+      "differ by %.3g\n",
+      course::max_rel_diff(plain.gradients, no_replay.gradients));
   char evidence[64];
   std::snprintf(evidence, sizeof evidence, "max relative diff %.3g", diff);
   verdict.check(diff <= tolerance,
