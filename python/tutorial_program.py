@@ -18,6 +18,8 @@ does, so that the C++ lessons can read what this program writes and the other wa
   --save FILE  torch.save(model.state_dict(), FILE) after training
   --load FILE  no training: model.load_state_dict(torch.load(FILE, map_location=device,
                weights_only=True))
+  --time       after each epoch's line, its seconds ("epoch time 4.21 s"; scripts/yardstick reads
+               them), the clock read after the epoch's last .item(), which waits for the device
 
 Data: --data-dir, else $GPU_LESSONS_DATA_DIR, else /usr/share/datasets/fashion-mnist. Run it with
 the Python whose torch matches the C++ build's LibTorch (Debian's python3-torch for the debian
@@ -27,6 +29,7 @@ import argparse
 import gzip
 import os
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -84,6 +87,7 @@ def main():
     parser.add_argument("--seed", type=int, default=10)
     parser.add_argument("--save", metavar="FILE")
     parser.add_argument("--load", metavar="FILE")
+    parser.add_argument("--time", action="store_true")
     parser.add_argument("--data-dir", default=os.environ.get(
         "GPU_LESSONS_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
     args = parser.parse_args()
@@ -112,6 +116,7 @@ def main():
     else:
         # 4. Training
         for epoch in range(args.epochs):
+            start = time.perf_counter()
             model.train()
             total_loss = 0
 
@@ -128,6 +133,8 @@ def main():
                 total_loss += loss.item()
 
             print(f"Epoch {epoch+1}, Loss: {total_loss/len(train_loader):.4f}")
+            if args.time:
+                print(f"epoch time {time.perf_counter() - start:.3f} s", flush=True)
     if args.save:
         # [save]
         torch.save(model.state_dict(), args.save)
