@@ -458,7 +458,6 @@ double evaluate(Mlp& model, const course::ImageSet& data, const torch::Device& d
 
 struct RunResult { std::vector<EpochStats> epochs; double accuracy = 0; };  // accuracy: on test
 
-//! [run]
 // A whole run from a seeded model, then its test accuracy; each run a step and a loader: "textbook"
 // (the tutorial's step, batches copied; `workers` threads gather ahead), "resident" (the same
 // step, the dataset on the device), "flat" (resident) and "graphed" (the flat step in a graph).
@@ -490,7 +489,6 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
   result.accuracy = evaluate(trainer.model, test, device);
   return result;
 }
-//! [run]
 
 // ---- the comparison: each faster form timed and checked against the tutorial's loop ------------
 void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& train,
