@@ -185,7 +185,7 @@ struct FlatParameters {     // all parameters in one tensor (below); empty in th
   torch::Tensor values;     // the optimizer's only parameter
   torch::Tensor gradients;  // values.grad(); backward accumulates into it in place
 };
-struct Trainer {
+struct Trainer {  // a model on its device, and Adam over its parameters (or over its flat ones)
   Mlp model;
   FlatParameters flat;
   std::unique_ptr<torch::optim::Adam> optimizer;
