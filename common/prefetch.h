@@ -78,7 +78,8 @@ class Prefetcher {
       std::int64_t k = 0;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [&] { return stop_ || claimed_ >= count_ || claimed_ < taken_ + limit_; });
+        changed_.wait(lock,
+                      [&] { return stop_ || claimed_ >= count_ || claimed_ < taken_ + limit_; });
         if (stop_ || claimed_ >= count_) return;
         k = claimed_++;
       }

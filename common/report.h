@@ -18,8 +18,8 @@ std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 /// True when standard output is a terminal (not a file or a pipe).
 bool stdout_is_terminal();
 
-/// "  done/total samples" on one line of a terminal, rewritten in place (\r) at every
-/// `every`-th update(); cleared when the ProgressLine goes. Prints nothing unless `enabled`:
+/// "  done/total samples" on one line of a terminal, rewritten in place (a carriage return) at
+/// every `every`-th update(); cleared when the ProgressLine goes. Prints nothing unless `enabled`:
 /// by default, only on a terminal (a file or a pipe gets no progress lines).
 class ProgressLine {
  public:
