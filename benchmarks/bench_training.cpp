@@ -11,9 +11,9 @@
 
 #include "bench.h"
 #include "common/data.h"
-#include "fast_training_loop.h"
-// Lesson 05 is one file with its own main(): its functions, without the main.
+// Lessons 05 and 11 are one file each with its own main(): their functions, without the mains.
 #define GPU_LESSONS_NO_MAIN
+#include "fast_training_loop.cpp"
 #include "training_loop.cpp"
 
 namespace {
@@ -47,24 +47,12 @@ void train_step(benchmark::State& state, const c10::Device& device) {
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);
   const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  const auto loss = [&](lesson11::Mlp& model) {
-    return torch::nn::functional::cross_entropy(model->forward(images), labels);
-  };
-  if (flat) {
-    lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
-    bench::run_timed(state, device, [&] {
-      trainer.flat.gradients.zero_();
-      loss(trainer.model).backward();
-      trainer.optimizer->step();
-    });
-  } else {
-    lesson11::TextbookTrainer trainer = lesson11::make_textbook_trainer(device, lesson11::kSeed);
-    bench::run_timed(state, device, [&] {
-      trainer.optimizer->zero_grad();
-      loss(trainer.model).backward();
-      trainer.optimizer->step();
-    });
-  }
+  const lesson11::Batch on_device{images, labels};
+  lesson11::Trainer trainer = flat ? lesson11::make_trainer(device, lesson11::kSeed)
+                                   : lesson11::make_textbook_trainer(device, lesson11::kSeed);
+  bench::run_timed(state, device, [&] {  // the lesson's own steps
+    flat ? lesson11::flat_step(trainer, on_device) : lesson11::textbook_step(trainer, on_device);
+  });
   state.SetLabel(flat ? "flat" : "textbook");
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["FLOP/s"] = benchmark::Counter(kTrainFlopsPerSample * batch,
@@ -107,10 +95,9 @@ void epoch(benchmark::State& state, const c10::Device& device, const std::string
            std::int64_t batch, int workers) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  lesson11::TextbookTrainer trainer = lesson11::make_textbook_trainer(device, lesson11::kSeed);
-  auto loader = lesson11::make_loader(loader_name, *data, batch, device, workers);
-  bench::run_timed(state, device,
-                   [&] { lesson11::train_epoch_textbook(trainer, *loader, device); });
+  lesson11::Trainer trainer = lesson11::make_textbook_trainer(device, lesson11::kSeed);
+  lesson11::Loader loader(loader_name, *data, batch, device, workers);
+  bench::run_timed(state, device, [&] { lesson11::train_epoch_textbook(trainer, loader, device); });
   state.SetLabel(loader_name);
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =

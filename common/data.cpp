@@ -159,6 +159,10 @@ ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train) {
   return {images.to(at::kFloat).div_(255.0), labels.to(at::kLong)};
 }
 
+ImageSet take(const ImageSet& data, std::int64_t n) {
+  return {data.images.slice(0, 0, n), data.labels.slice(0, 0, n)};
+}
+
 const char* fashion_mnist_class(std::int64_t label) {
   static const std::array<const char*, 10> kNames = {
       "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",

@@ -1,6 +1,6 @@
 // data.h defines: Fashion-MNIST read straight from its gzipped IDX files (zlib, no unpacked
 // copies), the data folder lookup (flag, then $GPU_LESSONS_DATA_DIR, then the Debian package),
-// and the errors that name the fix.
+// the errors that name the fix, and take(), a split's first samples (--quick's subset).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,9 @@ struct ImageSet {
 
 /// Loads the train (60,000) or test (10,000) split from `folder`.
 ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train);
+
+/// The first `n` samples of `data` (all of it when n >= its size), as views: nothing is copied.
+ImageSet take(const ImageSet& data, std::int64_t n);
 
 /// The ten Fashion-MNIST class names, by label.
 const char* fashion_mnist_class(std::int64_t label);

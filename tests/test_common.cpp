@@ -1,6 +1,6 @@
-// Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST, memory
-// metering, timing and synthetic data, a crash test's kills, and state_dicts (Python's files,
-// the strict load, the checks of a LibTorch archive, Adam's state).
+// Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST (and take(),
+// a split's first samples), memory metering, timing and synthetic data, a crash test's kills, and
+// state_dicts (Python's files, the strict load, the checks of a LibTorch archive, Adam's state).
 #include <signal.h>
 #include <sys/wait.h>
 #include <zlib.h>
@@ -393,6 +393,16 @@ TEST_F(FashionMnistTest, EnvironmentVariableIsUsed) {
   } else {
     ::unsetenv(course::kDataDirEnv);
   }
+}
+
+// Tests that take() gives a split's first samples as views of it, and all of it when asked for more.
+TEST(Take, FirstSamplesAsViews) {
+  const course::ImageSet data{torch::rand({10, 28, 28}), torch::arange(10, torch::kLong)};
+  const course::ImageSet first = course::take(data, 4);
+  EXPECT_EQ(first.images.sizes(), torch::IntArrayRef({4, 28, 28}));
+  EXPECT_TRUE(torch::equal(first.labels, torch::arange(4, torch::kLong)));
+  EXPECT_EQ(first.images.data_ptr(), data.images.data_ptr()) << "a view, not a copy";
+  EXPECT_EQ(course::take(data, 100).labels.size(0), 10);
 }
 
 // ---- memory ------------------------------------------------------------------------------------

@@ -3,11 +3,13 @@
 
 #include <gtest/gtest.h>
 
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
+#include "fast_training_loop.cpp"
 #include "common/compare.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
 #include "move_asked.h"
-#include "fast_training_loop.h"
 
 namespace {
 
@@ -36,11 +38,11 @@ std::vector<std::int64_t> one_epoch(lesson11::Loader& loader) {
 void expect_each_sample_once(const std::string& name, const torch::Device& device) {
   constexpr std::int64_t kN = 1000;  // not a multiple of the batch size: a short last batch
   torch::manual_seed(1);
-  auto loader = lesson11::make_loader(name, numbered(kN), /*batch_size=*/64, device);
-  EXPECT_EQ(loader->name(), name);
-  EXPECT_EQ(loader->size(), kN);
-  const auto first = one_epoch(*loader);
-  const auto second = one_epoch(*loader);
+  lesson11::Loader loader(name, numbered(kN), /*batch_size=*/64, device);
+  EXPECT_EQ(loader.name(), name);
+  EXPECT_EQ(loader.size(), kN);
+  const auto first = one_epoch(loader);
+  const auto second = one_epoch(loader);
   ASSERT_EQ(first.size(), static_cast<size_t>(kN));
   EXPECT_EQ(std::set<std::int64_t>(first.begin(), first.end()).size(), static_cast<size_t>(kN));
   EXPECT_EQ(*std::min_element(first.begin(), first.end()), 0);
@@ -67,7 +69,7 @@ TEST(Loaders, EverySampleOncePerEpoch) {
 
 // Tests that an unknown loader or run name is a usage error.
 TEST(Loaders, UnknownNameIsUsageError) {
-  EXPECT_THROW(lesson11::make_loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
+  EXPECT_THROW(lesson11::Loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
   EXPECT_THROW(lesson11::train_and_evaluate(numbered(10), numbered(10), "batches", 1, 4,
                                             torch::kCPU, 1),
                course::UsageError);
@@ -194,11 +196,11 @@ TEST(GraphedStep, NeedsCuda) {
 // ---- with Fashion-MNIST ------------------------------------------------------------------------
 // Tests that one epoch on a fixed subset lowers the loss on that subset.
 TEST_F(FashionMnistTest, OneEpochReducesLoss) {
-  const course::ImageSet subset = lesson11::take(train(), 5000);
+  const course::ImageSet subset = course::take(train(), 5000);
   lesson11::Trainer trainer = lesson11::make_trainer(torch::kCPU, lesson11::kSeed);
   const double before = mean_loss(trainer.model, subset);
-  auto loader = lesson11::make_loader("resident", subset, lesson11::kBatchSize, torch::kCPU);
-  const auto stats = lesson11::train_epoch(trainer, *loader, torch::kCPU);
+  lesson11::Loader loader("resident", subset, lesson11::kBatchSize, torch::kCPU);
+  const auto stats = lesson11::train_epoch(trainer, loader, torch::kCPU);
   EXPECT_EQ(stats.samples, 5000);
   EXPECT_LT(mean_loss(trainer.model, subset), 0.6 * before);
 }
@@ -206,13 +208,13 @@ TEST_F(FashionMnistTest, OneEpochReducesLoss) {
 // Tests that on the CPU the same seed gives identical results, whichever loader is used, with or
 // without worker threads gathering the batches.
 TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
-  const course::ImageSet subset = lesson11::take(train(), 3000);
-  const course::ImageSet eval = lesson11::take(test(), 1000);
+  const course::ImageSet subset = course::take(train(), 3000);
+  const course::ImageSet eval = course::take(test(), 1000);
   const auto a = lesson11::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
   const auto b = lesson11::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 11);
   const auto c = lesson11::train_and_evaluate(subset, eval, "textbook", 2, 64, torch::kCPU, 11);
   const auto d = lesson11::train_and_evaluate(subset, eval, "textbook", 2, 64, torch::kCPU, 11,
-                                              false, /*workers=*/2);
+                                              /*workers=*/2);
   for (size_t e = 0; e < a.epochs.size(); ++e) {
     EXPECT_EQ(a.epochs[e].mean_loss, b.epochs[e].mean_loss);
     EXPECT_EQ(a.epochs[e].mean_loss, c.epochs[e].mean_loss);
@@ -226,8 +228,8 @@ TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
 // Tests the lesson's "going faster" step: the flat parameters train as the tutorial's loop does
 // (Adam over model->parameters(), zero_grad()), epoch by epoch, from the same seed.
 TEST_F(FashionMnistTest, FlatStepTrainsAsTheTextbookLoop) {
-  const course::ImageSet subset = lesson11::take(train(), 3000);
-  const course::ImageSet eval = lesson11::take(test(), 1000);
+  const course::ImageSet subset = course::take(train(), 3000);
+  const course::ImageSet eval = course::take(test(), 1000);
   const auto textbook = lesson11::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 7);
   const auto flat = lesson11::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
   for (size_t e = 0; e < textbook.epochs.size(); ++e) {
@@ -244,9 +246,9 @@ TEST_F(FashionMnistTest, FlatStepTrainsAsTheTextbookLoop) {
 TEST(FlattenParameters, ZeroGradOnAFlattenedModelIsACourseError) {
   lesson11::Trainer trainer = lesson11::make_trainer(torch::kCPU, 1);
   trainer.model->zero_grad(/*set_to_none=*/true);
-  auto loader = lesson11::make_loader("resident", numbered(100), 64, torch::kCPU);
+  lesson11::Loader loader("resident", numbered(100), 64, torch::kCPU);
   try {
-    lesson11::train_epoch(trainer, *loader, torch::kCPU);
+    lesson11::train_epoch(trainer, loader, torch::kCPU);
     ADD_FAILURE() << "trained with gradients outside the flat tensor";
   } catch (const course::CourseError& e) {
     EXPECT_NE(std::string(e.what()).find("zero_grad()"), std::string::npos) << e.what();
@@ -258,17 +260,17 @@ TEST(FlattenParameters, ZeroGradOnAFlattenedModelIsACourseError) {
 // samples in the same order, epoch after epoch, also when an epoch is left half-way.
 TEST(Loaders, WorkersGiveTheSameBatchesInTheSameOrder) {
   torch::manual_seed(9);
-  auto plain = lesson11::make_batches_loader(numbered(1000), 64, torch::kCPU, /*workers=*/0);
-  const auto first = one_epoch(*plain), second = one_epoch(*plain);
+  lesson11::Loader plain("batches", numbered(1000), 64, torch::kCPU, /*workers=*/0);
+  const auto first = one_epoch(plain), second = one_epoch(plain);
   for (const int workers : {1, 2, 3}) {
     torch::manual_seed(9);
-    auto threaded = lesson11::make_batches_loader(numbered(1000), 64, torch::kCPU, workers);
+    lesson11::Loader threaded("batches", numbered(1000), 64, torch::kCPU, workers);
     lesson11::Batch batch;
-    threaded->start_epoch();  // an epoch left after one batch, as a `break` leaves it:
-    ASSERT_TRUE(threaded->next(batch));  // its workers stop, the next epoch starts afresh
+    threaded.start_epoch();  // an epoch left after one batch, as a `break` leaves it:
+    ASSERT_TRUE(threaded.next(batch));  // its workers stop, the next epoch starts afresh
     torch::manual_seed(9);
-    EXPECT_EQ(one_epoch(*threaded), first) << workers << " workers";
-    EXPECT_EQ(one_epoch(*threaded), second) << workers << " workers";
+    EXPECT_EQ(one_epoch(threaded), first) << workers << " workers";
+    EXPECT_EQ(one_epoch(threaded), second) << workers << " workers";
   }
 }
 
@@ -280,10 +282,10 @@ TEST(Moves, TrainerAndBatchesGoToTheDevice) {
     (void)lesson11::make_textbook_trainer(device, lesson11::kSeed);
   }, "make_textbook_trainer");
   const torch::Device meta(torch::kMeta);
-  auto loader = lesson11::make_batches_loader(numbered(100), 64, meta, /*workers=*/0);
+  lesson11::Loader loader("batches", numbered(100), 64, meta, /*workers=*/0);
   lesson11::Batch batch;
-  loader->start_epoch();
-  ASSERT_TRUE(loader->next(batch));
+  loader.start_epoch();
+  ASSERT_TRUE(loader.next(batch));
   EXPECT_EQ(batch.images.device(), meta) << "the batch's images stayed on the host: copy them "
                                             "with .to(device)";
   EXPECT_EQ(batch.labels.device(), meta) << "the batch's labels stayed on the host: copy them "
@@ -301,7 +303,7 @@ TEST_F(FashionMnistTest, DefaultRunReachesAccuracyBar) {
 
 // Tests the quick mode's bar on its subset.
 TEST_F(FashionMnistTest, QuickRunReachesQuickBar) {
-  const auto run = lesson11::train_and_evaluate(lesson11::take(train(), lesson11::kQuickSamples),
+  const auto run = lesson11::train_and_evaluate(course::take(train(), lesson11::kQuickSamples),
                                                 test(), "textbook", lesson11::kQuickEpochs,
                                                 lesson11::kBatchSize, torch::kCPU, lesson11::kSeed);
   EXPECT_GE(run.accuracy, lesson11::kQuickAccuracyBar);
@@ -315,10 +317,10 @@ TEST_F(CudaTest, LoadersAndTrainingOnGpu) {
   data.images = torch::rand({2000, 28, 28});
   lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
   EXPECT_EQ(trainer.flat.values.device(), device);
-  auto loader = lesson11::make_loader("resident", data, 64, device);
-  const double first = lesson11::train_epoch(trainer, *loader, device).mean_loss;
+  lesson11::Loader loader("resident", data, 64, device);
+  const double first = lesson11::train_epoch(trainer, loader, device).mean_loss;
   double last = first;
-  for (int e = 0; e < 3; ++e) last = lesson11::train_epoch(trainer, *loader, device).mean_loss;
+  for (int e = 0; e < 3; ++e) last = lesson11::train_epoch(trainer, loader, device).mean_loss;
   EXPECT_LT(last, first);
 }
 
@@ -347,11 +349,11 @@ TEST_F(CudaTest, GraphedEpochsTrain) {
   lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
   lesson11::DeviceAdam adam(trainer.flat, lesson11::kLearningRate);
   lesson11::GraphedStep graph(trainer.model, trainer.flat, adam, 64, device);
-  auto loader = lesson11::make_loader("resident", data, 64, device);
+  lesson11::Loader loader("resident", data, 64, device);
   double first = 0, last = 0;
   for (int e = 0; e < 4; ++e) {
     const auto stats =
-        lesson11::train_epoch_graphed(trainer.model, trainer.flat, adam, graph, *loader, device);
+        lesson11::train_epoch_graphed(trainer.model, trainer.flat, adam, graph, loader, device);
     EXPECT_EQ(stats.samples, 2000);
     (e == 0 ? first : last) = stats.mean_loss;
   }

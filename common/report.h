@@ -1,0 +1,70 @@
+// report.h defines: what a lesson prints around its figures without teaching it: printf into a
+// std::string, a progress line for a terminal, a training epoch's figures and its line (or the
+// Ctrl-C stop it ended in), and a table of timed runs (each run's speed against the run before
+// it, and a note when the timings say the machine was busy).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/timing.h"  // defines: Timing, describe, looks_busy, busy_note
+
+namespace course {
+
+/// printf's formatting, into a std::string.
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/// True when standard output is a terminal (not a file or a pipe).
+bool stdout_is_terminal();
+
+/// "  done/total samples" on one line of a terminal, rewritten in place (a carriage return) at
+/// every `every`-th update(); cleared when the ProgressLine goes. Prints nothing unless `enabled`:
+/// by default, only on a terminal (a file or a pipe gets no progress lines).
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::int64_t total, bool enabled = stdout_is_terminal(),
+                        std::int64_t every = 100);
+  ~ProgressLine();
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+  void update(std::int64_t done);
+
+ private:
+  std::int64_t total_, every_, updates_ = 0;
+  bool enabled_;
+};
+
+/// What one training epoch did.
+struct EpochStats {
+  double mean_loss = 0, seconds = 0;
+  std::int64_t samples = 0;
+  bool interrupted = false;  ///< stopped early by Ctrl-C (common/interrupt.h)
+};
+/// Prints "  NAME     epoch E/N  loss L  S s  R samples/s" for epoch `e` (from 0) of `epochs`,
+/// flushed (a line per epoch, also through a pipe); or, for an interrupted epoch, throws
+/// Interrupted: "NAME run, epoch E of N, after S of `epoch_samples` samples; " + `stopped_note`.
+void report_epoch(const std::string& name, int e, int epochs, const EpochStats& stats,
+                  std::int64_t epoch_samples, const std::string& stopped_note);
+/// The epochs' seconds, the first left out when there are others: it also pays for warm-up (the
+/// allocator's first blocks, the first choice of kernels).
+Timing epoch_timing(const std::vector<EpochStats>& epochs);
+
+/// One row of a table of timed runs: its name, its timings, the items one run handles (for a
+/// rate at the median time) and one more figure of the run (an accuracy, a loss).
+struct TimedRun {
+  std::string name;
+  Timing timing;
+  double items = 0;
+  double figure = 0;
+};
+
+/// Prints a header (run, `time` + ": median (fastest-slowest)", `rate`, `figure`), then a row per
+/// run: its name, describe(timing, "s"), items per second and the figure (4 decimals); the
+/// busy_note() when a timing looks_busy(); then each run's speed against the run before it
+/// ("b is 1.50x the speed of a on cpu", with `where` = "cpu"). Returns the rows as printed.
+std::string print_timed_runs(const std::vector<TimedRun>& runs, const std::string& time,
+                             const std::string& rate, const std::string& figure,
+                             const std::string& where);
+
+}  // namespace course
