@@ -1,0 +1,73 @@
+// launch.cpp: torchrun's environment variables, read and checked.
+#include "common/launch.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "common/verdict.h"  // defines: UsageError
+
+namespace course {
+
+namespace {
+
+// The value of an environment variable, or nullptr when it is unset or empty.
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback, int min, int max) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(v, &end, 10);
+  if (*end != '\0' || value < min || value > max) {
+    throw UsageError(std::string(name) + "=" + v + " is not a whole number in [" +
+                         std::to_string(min) + ", " + std::to_string(max) + "]",
+                     "let torchrun set it, or set it to the right value");
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+//! [rank-from-environment]
+std::optional<RankInfo> rank_from_environment() {
+  if (env("WORLD_SIZE") == nullptr) return std::nullopt;  // a plain run: one process
+  RankInfo info;
+  info.world_size = env_int("WORLD_SIZE", 1, 1, 1 << 16);
+  if (env("RANK") == nullptr) {
+    throw UsageError("WORLD_SIZE is set but RANK is not",
+                     "launch with torchrun --no-python, which sets both for every rank");
+  }
+  info.rank = env_int("RANK", 0, 0, info.world_size - 1);
+  info.local_rank = env_int("LOCAL_RANK", info.rank, 0, info.world_size - 1);
+  info.local_world_size = env_int("LOCAL_WORLD_SIZE", info.world_size, 1, info.world_size);
+  if (const char* addr = env("MASTER_ADDR")) info.master_addr = addr;
+  info.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
+  const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+  info.agent_store = agent != nullptr && std::string(agent) == "True";
+  info.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 20);
+  return info;
+}
+//! [rank-from-environment]
+
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("free_tcp_port: no socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);  // port 0 asked the kernel for a free one; it stays free for a while
+  if (!ok) throw std::runtime_error("free_tcp_port: no free port on 127.0.0.1");
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace course
