@@ -81,6 +81,14 @@ bool ChildProcess::read_line(std::string& line) {
   }
 }
 
+std::vector<std::string> ChildProcess::read_rest() {
+  std::vector<std::string> lines;
+  std::string line;
+  while (read_line(line)) lines.push_back(line);
+  if (!line.empty()) lines.push_back(line);  // the last line, without its newline
+  return lines;
+}
+
 int ChildProcess::kill() {
   if (!reaped_) {
     ::kill(pid_, SIGKILL);
@@ -107,6 +115,15 @@ std::optional<int> ChildProcess::wait_for(std::chrono::milliseconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return status_;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = sigabbrev_np(WTERMSIG(status));
+    return "killed by " + (name != nullptr ? "SIG" + std::string(name) : "signal " + std::to_string(WTERMSIG(status)));
+  }
+  return "status " + std::to_string(status);
 }
 
 std::string self_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }

@@ -32,6 +32,8 @@ class ChildProcess {
 
   /// The next line the child printed, without its newline; false at the end of its output.
   bool read_line(std::string& line);
+  /// Every line the child prints from now until its output ends (it exited, or was killed).
+  std::vector<std::string> read_rest();
   /// Sends SIGKILL (no chance to clean up: a crash, a power cut) and waits for the child.
   /// Returns its status as waitpid() reports it.
   int kill();
@@ -47,6 +49,9 @@ class ChildProcess {
   bool reaped_ = false;
   int status_ = 0;
 };
+
+/// A child's end as waitpid() reports `status`, in words: "exit 1", "killed by SIGKILL".
+std::string describe_status(int status);
 
 /// This program's own path (/proc/self/exe), to start it again as a child.
 std::string self_executable();

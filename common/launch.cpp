@@ -56,6 +56,12 @@ std::optional<RankInfo> rank_from_environment() {
 }
 //! [rank-from-environment]
 
+std::vector<std::string> rank_environment(int rank, int world_size, int port) {
+  const std::string r = std::to_string(rank), w = std::to_string(world_size);
+  return {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "WORLD_SIZE=" + w,
+          "LOCAL_WORLD_SIZE=" + w, "RANK=" + r, "LOCAL_RANK=" + r};
+}
+
 int free_tcp_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("free_tcp_port: no socket");

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -164,8 +165,7 @@ TEST(ChildProcess, EnvironmentSignalsAndWait) {
   std::string line;
   ASSERT_TRUE(child.read_line(line));
   EXPECT_EQ(line, "child two");
-  ASSERT_TRUE(child.read_line(line));
-  EXPECT_EQ(line, "oops");
+  EXPECT_EQ(child.read_rest(), std::vector<std::string>{"oops"});
   const std::optional<int> status = child.wait_for(std::chrono::seconds(30));
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status));
@@ -181,6 +181,9 @@ TEST(ChildProcess, EnvironmentSignalsAndWait) {
   const int killed = sleeper.kill();  // SIGKILL ends a stopped process too
   EXPECT_TRUE(WIFSIGNALED(killed));
   EXPECT_EQ(sleeper.wait_for(std::chrono::milliseconds(0)), killed);
+  EXPECT_EQ(course::describe_status(killed), "killed by SIGKILL");
+  EXPECT_EQ(course::describe_status(*status), "exit 3");
+  EXPECT_TRUE(sleeper.read_rest().empty());
 }
 
 // ---- torchrun's environment ----------------------------------------------------------------------
@@ -240,6 +243,24 @@ TEST(Launch, BadValuesAreUsageErrors) {
       EXPECT_NE(std::string(e.what()).find("RANK="), std::string::npos) << e.what();
     }
   }
+}
+
+// Tests that the variables a program gives the ranks it starts read back as what it meant.
+TEST(Launch, RankEnvironmentReadsBack) {
+  const std::vector<std::string> env = course::rank_environment(1, 3, 4242);
+  std::vector<std::unique_ptr<ScopedEnv>> set;
+  for (const std::string& entry : env) {
+    const auto eq = entry.find('=');
+    set.push_back(std::make_unique<ScopedEnv>(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str()));
+  }
+  const auto info = course::rank_from_environment();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->rank, 1);
+  EXPECT_EQ(info->world_size, 3);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->local_world_size, 3);
+  EXPECT_EQ(info->master_addr, "127.0.0.1");
+  EXPECT_EQ(info->master_port, 4242);
 }
 
 // Tests that the free port is one a server can listen on.
