@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 
-#include "common/verdict.h"  // defines: UsageError
+#include "common/child_process.h"  // defines: ChildProcess
+#include "common/verdict.h"        // defines: UsageError
 
 namespace course {
 
@@ -74,6 +76,39 @@ int free_tcp_port() {
   ::close(fd);  // port 0 asked the kernel for a free one; it stays free for a while
   if (!ok) throw std::runtime_error("free_tcp_port: no free port on 127.0.0.1");
   return ntohs(addr.sin_port);
+}
+
+JobEnding run_local_job(const LocalJob& job) {
+  std::vector<std::unique_ptr<ChildProcess>> ranks(job.world_size);
+  for (const int r : job.ranks) {
+    std::vector<std::string> env = rank_environment(r, job.world_size, job.port);
+    env.insert(env.end(), job.environment.begin(), job.environment.end());
+    ranks.at(r) = std::make_unique<ChildProcess>(job.argv, env, /*with_stderr=*/true);
+  }
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  auto start = std::chrono::steady_clock::now();
+  const bool failing = job.signal != 0 && ranks.at(job.victim) != nullptr;
+  if (failing) {
+    std::string line;
+    while (ranks[job.victim]->read_line(line) && line.find(job.after) == std::string::npos) {
+    }
+    ranks[job.victim]->signal(job.signal);
+    start = std::chrono::steady_clock::now();
+  }
+  JobEnding ending;
+  for (const int r : job.ranks) {
+    if (failing && r == job.victim) continue;
+    const auto left = job.deadline - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - start);
+    const std::optional<int> status = ranks[r]->wait_for(std::max(left, std::chrono::milliseconds(0)));
+    ending.hung = ending.hung || !status;
+    ending.statuses.push_back(status ? *status : ranks[r]->kill());
+    ending.seconds = since(start);
+    ending.outputs.push_back(ranks[r]->read_rest());
+  }
+  return ending;  // the victim, if it still runs (stopped), is killed with its ChildProcess
 }
 
 }  // namespace course

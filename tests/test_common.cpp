@@ -263,6 +263,34 @@ TEST(Launch, RankEnvironmentReadsBack) {
   EXPECT_EQ(info->master_port, 4242);
 }
 
+// Tests torchrun in miniature on shell "ranks": each started with its own variables, the victim
+// killed once it printed its line, the other ranks' ends and lines; a rank past the deadline is
+// killed and reported as hung.
+TEST(Launch, LocalJobFailsTheVictim) {
+  course::LocalJob job;
+  job.argv = {"/bin/sh", "-c",
+              "echo \"rank $RANK of $WORLD_SIZE at $MASTER_PORT $EXTRA\"; echo 'epoch 1/9';"
+              "if [ $RANK = 1 ]; then exec sleep 60; fi; sleep 0.3; exit $((RANK + 3))"};
+  job.world_size = 3;
+  job.port = 1234;
+  job.environment = {"EXTRA=x"};
+  job.signal = SIGKILL;
+  job.after = "epoch 1/";
+  const course::JobEnding ending = course::run_local_job(job);  // ranks 0 and 1 of 3
+  ASSERT_EQ(ending.statuses.size(), 1u);
+  EXPECT_EQ(course::describe_status(ending.statuses[0]), "exit 3");
+  EXPECT_FALSE(ending.hung);
+  EXPECT_EQ(ending.outputs[0].at(0), "rank 0 of 3 at 1234 x");
+  EXPECT_LT(ending.seconds, 10.0);
+
+  job.signal = 0;  // rank 1 sleeps past the deadline
+  job.ranks = {1};
+  job.deadline = std::chrono::milliseconds(300);
+  const course::JobEnding hung = course::run_local_job(job);
+  EXPECT_TRUE(hung.hung);
+  EXPECT_EQ(course::describe_status(hung.statuses.at(0)), "killed by SIGKILL");
+}
+
 // Tests that the free port is one a server can listen on.
 TEST(Launch, FreePortCanBeBound) {
   const int port = course::free_tcp_port();
