@@ -1,31 +1,25 @@
 // Lesson 14 (going further) — distributed failures: lesson 09's job when a rank dies, stops, never
-// arrives or cannot reach the others, and the failures that raise no error. Measured against
-// lesson 09:
-//   - a rank's device by one rule that every rank of a host applies alike (fewer GPUs than ranks:
-//     all on the CPU, or an error), then the ranks agree before they form a group: never a job
-//     split between NCCL and Gloo, nor two ranks on one GPU;
+// arrives or cannot reach the others, and the failures that raise no error. Measured against 09:
+//   - every rank of a host takes its device by one rule, then the ranks agree before they form a
+//     group: never a job split between NCCL and Gloo, nor two ranks on one GPU;
 //   - the rendezvous waits once, at most --timeout, and says how many ranks arrived; an address
 //     nobody serves and a port already taken are errors that say so;
-//   - NCCL: wait() returns at once, and a dead peer leaves the collective's kernel waiting until
-//     NCCL's watchdog aborts the process (SIGABRT, none of the lesson's words). Here the host
-//     waits for every collective with a deadline, aborts the group, and ends with its own error;
-//   - silent failures: the ranks' summed gradient checked against one process's for the first
-//     steps (a rank's missing gradient shows), and every rank's parameters compared with rank 0's
-//     after every step (a rank that drifts shows);
-//   - run plainly, it starts jobs of two ranks, of itself and of lesson 09, fails one rank in each
-//     way, and measures how the other rank ends.
-//
+//   - NCCL's wait() returns at once, and a dead peer leaves its kernel waiting until NCCL's
+//     watchdog aborts the process (SIGABRT). Here the host waits for each collective with a
+//     deadline, aborts the group, and ends with its own error;
+//   - silent failures: the summed gradient against one process's, every rank's parameters
+//     against rank 0's after every step, what the ranks learn against one process's run;
+//   - run plainly, it starts jobs of two ranks (of itself, of lesson 09) and fails one in each way.
 // Run:    build/bin/lesson14_distributed_failures [--device ...] [--quick]  (the failures, timed)
 //         torchrun --no-python --nproc-per-node 2 build/bin/lesson14_distributed_failures  (a job)
-// Checks: run plainly, that in each failure this lesson's other rank ends with its own error and
-//         exit code within --timeout (never a hang), and that its healthy job ends with lesson
-//         09's parameters, bit for bit. As a rank: every rank holds rank 0's parameters after
-//         every step, and the summed gradient is one process's (tolerance by dtype). Exit 0 PASS,
-//         1 FAIL (a check, or a rank lost), 2 bad flag, data, device or rendezvous.
-#include <signal.h>  // defines: SIGKILL, SIGSTOP
+// Checks: run plainly, that this lesson's other rank ends with its own error and exit code within
+//         --timeout (never a hang), and that a healthy job ends with lesson 09's parameters; as a
+//         rank, each silent failure's check. Exit 0 PASS, 1 FAIL (or a rank lost), 2 bad input.
+#include <signal.h>       // defines: SIGKILL, SIGSTOP
+#include <torch/torch.h>  // defines: torch::nn, torch::optim
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // defines: c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>     // defines: c10d::TCPStore (the rendezvous)
-#include <torch/torch.h>  // defines: torch::nn, torch::optim
 #ifdef GPU_LESSONS_WITH_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // defines: c10d::ProcessGroupGloo
 #endif
@@ -54,15 +48,18 @@ namespace lesson14 {
 
 // ---- knobs -----------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 14;
-constexpr int kEpochs = 5;                  // lesson 09's job: its epochs, batch and Adam
+constexpr int kEpochs = 5;  // lesson 09's job: its epochs, batch and Adam
 constexpr std::int64_t kBatchPerRank = 64;
 constexpr double kLearningRate = 1e-3;
 constexpr int kTimeoutSeconds = 120;           // a rank dead or missing: give up after this
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
 constexpr int kCheckedSteps = 5;  // the summed gradient against one process's, for these steps
-constexpr int kFailTimeoutSeconds = 5;  // run plainly: the jobs' --timeout (3 with --quick)
-constexpr int kFailEpochs = 50;         // a rank to be killed or stopped is still training then
-constexpr int kSlackSeconds = 15;       // start-up (LibTorch, the data) on a busy machine
+// The ranks against one process with the global batch: by what they learn (parameters drift).
+constexpr double kLossMargin = 0.02;      // final epoch's loss, relative
+constexpr double kAccuracyMargin = 0.01;  // test accuracy, absolute
+constexpr int kFailTimeoutSeconds = 5;    // run plainly: the jobs' --timeout (3 with --quick)
+constexpr int kFailEpochs = 50;           // a rank to be killed or stopped is still training then
+constexpr int kSlackSeconds = 15;         // start-up (LibTorch, the data) on a busy machine
 
 // ---- lesson 09's job --------------------------------------------------------------------------
 // Lesson 09's ANN (its layers made in the same order, so the same seed gives the same weights).
@@ -81,11 +78,12 @@ TORCH_MODULE(ANN);
 // Lesson 09's shards: every rank draws the epoch's order from the seed and the epoch; global step
 // s takes order[s*W*B, (s+1)*W*B), rank r the r-th B of those.
 torch::Tensor epoch_order(std::int64_t samples, std::uint64_t seed, int epoch) {
-  auto generator = at::detail::createCPUGenerator(seed * 1000003ULL + static_cast<std::uint64_t>(epoch));
+  auto generator =
+      at::detail::createCPUGenerator(seed * 1000003ULL + static_cast<std::uint64_t>(epoch));
   return torch::randperm(samples, generator, torch::kLong);
 }
-torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int rank,
-                            int world_size, std::int64_t batch_per_rank) {
+torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int rank, int world_size,
+                            std::int64_t batch_per_rank) {
   const std::int64_t start = (step * world_size + rank) * batch_per_rank, n = order.size(0);
   return order.slice(0, std::min(start, n), std::min(start + batch_per_rank, n));
 }
@@ -95,7 +93,6 @@ struct RankDevice {
   std::string device;  // "cpu", "cuda:N", or the request as given when no GPU is visible
   std::string reason;  // why the ranks train on the CPU although GPUs are visible; else empty
 };
-
 //! [rank-device]
 // One rule, which every rank of a host applies to the same facts (the GPUs it sees, the ranks on
 // the host, CUDA_VISIBLE_DEVICES), so that all ranks land on the same kind of device.
@@ -168,16 +165,17 @@ c10::intrusive_ptr<c10d::Store> connect_store(const course::RankInfo& info,
   try {
     auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
     // Keys of this attempt only: a job torchrun restarts does not read the last one's leftovers.
-    return c10::make_intrusive<c10d::PrefixStore>("attempt_" + std::to_string(info.restart_count), store);
+    return c10::make_intrusive<c10d::PrefixStore>("attempt_" + std::to_string(info.restart_count),
+                                                  store);
   } catch (const std::exception& e) {
-    const std::string message = course::error_message(e);
-    if (message.find("in use") != std::string::npos || message.find("EADDRINUSE") != std::string::npos) {
-      throw course::CourseError("rank 0 cannot host the rendezvous: port " +
-                                    std::to_string(info.master_port) + " is in use (" + message + ")",
+    const std::string message = course::error_message(e), port = std::to_string(info.master_port);
+    if (message.find("in use") != std::string::npos || message.find("EADDRINUSE") != message.npos) {
+      throw course::CourseError("rank 0 cannot host the rendezvous: port " + port + " is in use",
                                 "pick a free port: torchrun --master-port P, or MASTER_PORT=P");
     }
-    throw course::CourseError("rank " + std::to_string(info.rank) + " cannot reach the rendezvous at " +
-                                  info.master_addr + ":" + std::to_string(info.master_port) + ": " + message,
+    throw course::CourseError("rank " + std::to_string(info.rank) +
+                                  " cannot reach the rendezvous at " + info.master_addr + ":" +
+                                  port + ": " + message,
                               "check MASTER_ADDR/MASTER_PORT (torchrun --rdzv-endpoint), that "
                               "rank 0 runs, and that no firewall blocks the port");
   }
@@ -191,7 +189,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const course::RankInfo& info,
 void meet_the_others(c10d::Store& store, const course::RankInfo& info, const torch::Device& device,
                      std::chrono::milliseconds timeout) {
   const std::string mine = device_identity(device);
-  store.set("device/" + std::to_string(info.rank), std::vector<std::uint8_t>(mine.begin(), mine.end()));
+  store.set("device/" + std::to_string(info.rank),
+            std::vector<std::uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < info.world_size; ++r) keys.push_back("device/" + std::to_string(r));
   try {
@@ -199,13 +198,12 @@ void meet_the_others(c10d::Store& store, const course::RankInfo& info, const tor
   } catch (const std::exception&) {
     int arrived = 0;
     for (const auto& key : keys) arrived += store.check({key}) ? 1 : 0;
-    throw course::CourseError(
-        "rank " + std::to_string(info.rank) + " gave up waiting for the other ranks at " +
-            info.master_addr + ":" + std::to_string(info.master_port) + ": " +
-            std::to_string(arrived) + " of " + std::to_string(info.world_size) + " arrived within " +
-            std::to_string(timeout.count() / 1000) + " s",
-        "start all " + std::to_string(info.world_size) + " ranks (torchrun --nproc-per-node, "
-        "--nnodes) within --timeout, with the same MASTER_ADDR and MASTER_PORT");
+    throw course::CourseError("rank " + std::to_string(info.rank) + " gave up waiting for the " +
+                                  "other ranks: " + std::to_string(arrived) + " of " +
+                                  std::to_string(info.world_size) + " arrived within " +
+                                  std::to_string(timeout.count() / 1000) + " s",
+                              "start every rank (torchrun --nproc-per-node, --nnodes) within "
+                              "--timeout, with the same MASTER_ADDR and MASTER_PORT");
   }
   std::vector<std::string> identities;
   for (const auto& key : keys) {
@@ -222,43 +220,26 @@ void meet_the_others(c10d::Store& store, const course::RankInfo& info, const tor
 }
 //! [meet-the-others]
 
-std::string backend_for([[maybe_unused]] const torch::Device& device) {
-#ifdef GPU_LESSONS_WITH_NCCL
-  if (device.is_cuda()) return "nccl";
-#endif
-#ifdef GPU_LESSONS_WITH_GLOO
-  if (device.is_cpu()) return "gloo";
-#endif
-  return "";
-}
-
 // Lesson 09's group, with NCCL's watchdog set to twice `timeout`: a last resort behind
 // wait_within(), which gives up first and says so.
 c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int world_size,
                                                  const torch::Device& device,
                                                  std::chrono::milliseconds timeout) {
-  try {
 #ifdef GPU_LESSONS_WITH_NCCL
-    if (device.is_cuda()) {
-      auto options = c10d::ProcessGroupNCCL::Options::create();
-      options->timeout = 2 * timeout;  // NCCL's watchdog aborts the process: wait_within first
-      return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
-    }
+  if (device.is_cuda()) {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = 2 * timeout;  // NCCL's watchdog aborts the process: wait_within first
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
+  }
 #endif
 #ifdef GPU_LESSONS_WITH_GLOO
-    if (device.is_cpu()) {
-      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
-    }
-#endif
-  } catch (const std::exception& e) {
-    throw course::CourseError("rank " + std::to_string(rank) + " could not form the " +
-                                  backend_for(device) + " group of " + std::to_string(world_size) +
-                                  ": " + course::error_message(e),
-                              "a rank died at start-up: read the other ranks' output");
+  if (device.is_cpu()) {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
   }
+#endif
   throw course::CourseError("this build has no c10d backend for " + device.str(),
                             "Gloo needs libgloo-dev at build time, NCCL a CUDA LibTorch");
 }
@@ -282,8 +263,7 @@ void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device
     if (std::chrono::steady_clock::now() > deadline) {
       course::abort_group(group);  // the kernels stop waiting for the peer
       throw std::runtime_error("a collective did not finish within " +
-                               std::to_string(timeout.count() / 1000) +
-                               " s: another rank stopped taking part");
+                               std::to_string(timeout.count() / 1000) + " s: a rank stopped");
     }
     std::this_thread::yield();
   }
@@ -297,14 +277,6 @@ void collective(course::CommGroup& group, torch::Tensor& tensor, std::chrono::mi
   std::vector<torch::Tensor> tensors{tensor};
   wait_within(group, from_rank0 ? *group.broadcast(tensors) : *group.allreduce(tensors),
               tensor.device(), timeout);
-}
-
-// How many ranks answer an all-reduce: the group's first collective, which connects NCCL.
-int ranks_answering(course::CommGroup& group, const torch::Device& device,
-                    std::chrono::milliseconds timeout) {
-  torch::Tensor one = torch::ones({1}, torch::TensorOptions().device(device));
-  collective(group, one, timeout);
-  return static_cast<int>(one.item<float>());
 }
 
 // Whether `value` (an integer tensor) is rank 0's: each rank compares its own with rank 0's.
@@ -336,59 +308,68 @@ torch::Tensor gradient_of_global_batch(ANN& model, const course::ImageSet& train
 
 struct RankRun {
   ANN model{nullptr};
+  std::vector<double> losses;          // each epoch's mean loss over every rank's samples
   std::vector<double> gradient_diffs;  // the first kCheckedSteps steps: summed vs one process's
-  torch::Tensor trail;  // the parameters' bits after every step, added up (int64): equal ranks,
-                        // equal trails
+  torch::Tensor trail;  // the parameters' bits after every step, summed: equal on equal ranks
 };
 
 //! [train-checked]
 // Lesson 09's loop as rank `rank` of `world_size`, every collective within `timeout`, with the
 // checks of a silent failure: the summed gradient against one process's, the parameters' trail.
-RankRun train_checked(course::CommGroup& group, int rank, int world_size,
+// With no group (nullptr), one process with batch world_size x batch_per_rank: the reference.
+RankRun train_checked(course::CommGroup* group, int rank, int world_size,
                       const course::ImageSet& train, int epochs, std::int64_t batch_per_rank,
                       const torch::Device& device, std::uint64_t seed,
                       std::chrono::milliseconds timeout) {
   torch::manual_seed(seed);
-  RankRun run{ANN(), {}, torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device))};
+  RankRun run{ANN(), {}, {}, torch::zeros({}, torch::dtype(torch::kLong).device(device))};
   ANN& model = run.model;
   model->to(device);
-  {
-    torch::NoGradGuard no_grad;  // rank 0's parameters to every rank
-    for (auto& p : model->parameters()) collective(group, p, timeout, /*from_rank0=*/true);
+  for (auto& p : model->parameters()) {  // rank 0's parameters to every rank
+    torch::NoGradGuard no_grad;
+    if (group != nullptr) collective(*group, p, timeout, /*from_rank0=*/true);
   }
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   const std::int64_t samples = train.images.size(0), global_batch = world_size * batch_per_rank;
   const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const torch::Tensor order = epoch_order(samples, seed, epoch);
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (std::int64_t step = 0; step * global_batch < samples; ++step) {
       const torch::Tensor idx = shard_indices(order, step, rank, world_size, batch_per_rank);
       const std::int64_t in_step = std::min(global_batch, samples - step * global_batch);
       optimizer.zero_grad();
       if (idx.numel() > 0) {
-        (torch::nn::functional::cross_entropy(model->forward(train.images.index_select(0, idx).to(device)),
-                                              train.labels.index_select(0, idx).to(device), sum) /
-         static_cast<double>(in_step)).backward();
+        torch::Tensor loss = torch::nn::functional::cross_entropy(
+                                 model->forward(train.images.index_select(0, idx).to(device)),
+                                 train.labels.index_select(0, idx).to(device), sum) /
+                             static_cast<double>(in_step);
+        loss.backward();
+        loss_sum += loss.detach() * static_cast<double>(in_step);
       }
       std::vector<torch::Tensor> params = model->parameters(), grads;
       for (const auto& p : params) {
         grads.push_back(p.grad().defined() ? p.grad().view(-1) : torch::zeros_like(p).view(-1));
       }
       torch::Tensor bucket = torch::cat(grads);
-      collective(group, bucket, timeout);  // lesson 09's all-reduce, within the deadline
+      if (group != nullptr) collective(*group, bucket, timeout);  // lesson 09's, with a deadline
       for (std::int64_t i = 0, offset = 0; i < static_cast<std::int64_t>(params.size()); ++i) {
-        params[i].mutable_grad() = bucket.slice(0, offset, offset + params[i].numel()).view_as(params[i]).clone();
+        params[i].mutable_grad() =
+            bucket.slice(0, offset, offset + params[i].numel()).view_as(params[i]).clone();
         offset += params[i].numel();
       }
-      if (epoch == 0 && step < kCheckedSteps) {  // silent failure 1: a gradient missing or scaled
-        const torch::Tensor global = order.slice(0, step * global_batch, step * global_batch + in_step);
+      if (group != nullptr && epoch == 0 && step < kCheckedSteps) {  // silent failure 1
+        const torch::Tensor global =
+            order.slice(0, step * global_batch, step * global_batch + in_step);
         run.gradient_diffs.push_back(
             course::relative_diff(bucket, gradient_of_global_batch(model, train, global, device)));
       }
       optimizer.step();
-      // Silent failure 2: parameters that drift apart. Their bits added up, on the device (no sync).
+      // Silent failure 2, ranks that drift apart: the parameters' bits added up, on the device.
       for (const auto& p : params) run.trail += p.detach().view(torch::kInt).sum(torch::kLong);
     }
+    if (group != nullptr) collective(*group, loss_sum, timeout);  // every rank's samples
+    run.losses.push_back(loss_sum.item<double>() / static_cast<double>(samples));
     std::printf("  rank %d/%d epoch %d/%d done\n", rank, world_size, epoch + 1, epochs);
     std::fflush(stdout);
   }
@@ -396,16 +377,24 @@ RankRun train_checked(course::CommGroup& group, int rank, int world_size,
 }
 //! [train-checked]
 
-// ---- as a rank -----------------------------------------------------------------------------------
+torch::Tensor parameters(ANN& model) {  // all of them, in one vector
+  return torch::nn::utils::parameters_to_vector(model->parameters()).detach();
+}
+
+double evaluate(ANN& model, const course::ImageSet& test, const torch::Device& device) {
+  torch::NoGradGuard no_grad;  // the test accuracy, as lesson 09 measures it
+  const auto predicted = std::get<1>(torch::max(model->forward(test.images.to(device)), 1));
+  return predicted.eq(test.labels.to(device)).to(torch::kDouble).mean().item<double>();
+}
+
+// ---- as a rank -----------------------------------------------------------------------------
 void rank_job(const course::RankInfo& info, const torch::Device& device,
-              const course::ImageSet& train, int epochs, std::int64_t batch, std::uint64_t seed,
-              std::chrono::milliseconds timeout, course::Verdict& verdict) {
-  std::printf("rank %d of %d (local rank %d): rendezvous at %s:%d (%s), timeout %lld s\n",
-              info.rank, info.world_size, info.local_rank, info.master_addr.c_str(),
-              info.master_port, info.agent_store ? "the launcher's store"
-              : info.rank == 0 ? "hosted by this rank" : "hosted by rank 0",
+              const course::ImageSet& train, const course::ImageSet& test, int epochs,
+              std::int64_t batch, std::uint64_t seed, std::chrono::milliseconds timeout,
+              course::Verdict& verdict) {
+  std::printf("rank %d of %d (local rank %d): rendezvous at %s:%d, timeout %lld s\n", info.rank,
+              info.world_size, info.local_rank, info.master_addr.c_str(), info.master_port,
               static_cast<long long>(timeout.count() / 1000));
-  std::fflush(stdout);
   auto store = connect_store(info, timeout);
   meet_the_others(*store, info, device, timeout);  // everyone is here, one backend for all
   auto group = make_group(store, info.rank, info.world_size, device, timeout);
@@ -413,18 +402,18 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
   bool same_trail = false, same_parameters = false;
   try {
     // NCCL connects at its first collective: only an answer from every rank says the group works.
-    const int answered = ranks_answering(*group, device, timeout);
+    torch::Tensor answered = torch::ones({1}, torch::TensorOptions().device(device));
+    collective(*group, answered, timeout);
     std::printf("%s group of %d connected (%d rank(s) answered a first all-reduce)\n",
-                backend_for(device).c_str(), info.world_size, answered);
-    std::fflush(stdout);
-    run = train_checked(*group, info.rank, info.world_size, train, epochs, batch, device, seed, timeout);
+                device.is_cuda() ? "nccl" : "gloo", info.world_size, answered.item<int>());
+    run = train_checked(group.get(), info.rank, info.world_size, train, epochs, batch, device, seed,
+                        timeout);
     same_trail = equals_rank0(*group, run.trail, timeout);
-    same_parameters = equals_rank0(
-        *group, torch::nn::utils::parameters_to_vector(run.model->parameters()).detach().view(torch::kInt),
-        timeout);
+    same_parameters = equals_rank0(*group, parameters(run.model).view(torch::kInt), timeout);
   } catch (const std::exception& e) {  // a peer died (its socket closed) or stopped answering
-    course::print_error("rank " + std::to_string(info.rank) + " lost the job during training: " +
-                            course::error_message(e), "another rank died or stopped: its own output says why");
+    course::print_error("rank " + std::to_string(info.rank) +
+                            " lost the job during training: " + course::error_message(e),
+                        "another rank died or stopped: its own output says why");
     verdict.check(false, "every rank finished training");
     const int code = verdict.finish("lesson 14 rank " + std::to_string(info.rank));
     std::fflush(stdout);
@@ -433,95 +422,83 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
   course::shutdown_group(*group);  // the last collective is done: end the group in order
   double worst = 0;
   for (const double d : run.gradient_diffs) worst = std::max(worst, d);
-  std::printf("summed gradient vs one process's over the global batch, steps 1-%zu: largest "
-              "relative difference %.2e (tolerance %.0e)\n", run.gradient_diffs.size(), worst,
-              course::tolerance_for(torch::kFloat));
-  std::printf("parameter checksum %016llx\n", static_cast<unsigned long long>(course::checksum(
-      torch::nn::utils::parameters_to_vector(run.model->parameters()).detach())));
+  std::printf(
+      "summed gradient vs one process's over the global batch, steps 1-%zu: largest "
+      "relative difference %.2e (tolerance %.0e)\nparameter checksum %016llx\n",
+      run.gradient_diffs.size(), worst, course::tolerance_for(torch::kFloat),
+      static_cast<unsigned long long>(course::checksum(parameters(run.model))));
   verdict.check(!run.gradient_diffs.empty() && worst <= course::tolerance_for(torch::kFloat),
                 "the ranks' summed gradient is one process's over the global batch");
   verdict.check(same_trail, "this rank held rank 0's parameters after every step");
   verdict.check(same_parameters, "and holds them at the end, bit for bit");
+  // Silent failure 3, a job that learns something else: against one process with batch W x B.
+  RankRun one =
+      train_checked(nullptr, 0, 1, train, epochs, batch * info.world_size, device, seed, timeout);
+  const double accuracy = evaluate(run.model, test, device);
+  const double one_accuracy = evaluate(one.model, test, device);
+  const double apart = course::relative_diff(parameters(run.model), parameters(one.model));
+  std::printf(
+      "one process: parameters %.2e apart (relative), final loss %.4f vs %.4f, test "
+      "accuracy %.4f vs %.4f\n",
+      apart, run.losses.back(), one.losses.back(), accuracy, one_accuracy);
+  verdict.check(
+      std::abs(run.losses.back() - one.losses.back()) <= kLossMargin * one.losses.back() &&
+          std::abs(accuracy - one_accuracy) <= kAccuracyMargin,
+      "the ranks learn what one process learns: loss and accuracy");
 }
 
-// ---- run plainly: jobs of two ranks, one of them failed ------------------------------------------
+// ---- run plainly: jobs of two ranks, one of them failed -------------------------------------
+// A job of two ranks, `ranks` of them started, rank 1 sent `signal` once it trained an epoch:
+// this lesson's other rank then exits with `code` after `waits` times --timeout (timed from the
+// signal, if any), saying `says`. It runs on `gpus` GPUs when it needs some, with `env` set.
 struct Failure {
   const char* what;
-  std::vector<int> ranks;  // which of the job's two ranks start
-  int signal;              // sent to rank 1 once it has trained an epoch (0: none)
-  int code;                // the other rank of this lesson exits with this code,
-  const char* says;        // saying this,
-  double waits;            // after waiting this many --timeout (timed from the signal, if any)
-  int gpus;                // GPUs it needs (the job runs on them)
-  const char* env;         // added to the ranks' environment
+  std::vector<int> ranks;
+  int signal, code, gpus;
+  double waits;
+  const char *says, *env;
 };
 const std::vector<Failure> kFailures{
-    {"rank 1 killed (SIGKILL) after an epoch", {0, 1}, SIGKILL, 1, "lost the job", 0, 0, ""},
-    {"rank 1 stopped (SIGSTOP) after an epoch", {0, 1}, SIGSTOP, 1, "lost the job", 1, 0, ""},
-    {"rank 1 never starts", {0}, 0, 2, "1 of 2 arrived", 1, 0, ""},
-    {"rank 0 never starts: no store", {1}, 0, 2, "cannot reach the rendezvous", 1, 0, ""},
-    {"the rendezvous' port is taken", {0}, 0, 2, "is in use", 0, 0, ""},
-    {"NCCL: rank 1 killed after an epoch", {0, 1}, SIGKILL, 1, "lost the job", 0, 2, ""},
-    {"NCCL: both ranks given GPU 0", {0, 1}, 0, 2, "share one GPU", 0, 1, "CUDA_VISIBLE_DEVICES=0"}};
+    {"both ranks train: a healthy job", {0, 1}, 0, 0, 0, 0, "parameter checksum", ""},
+    {"rank 1 killed (SIGKILL) after an epoch", {0, 1}, SIGKILL, 1, 0, 0, "lost the job", ""},
+    {"rank 1 stopped (SIGSTOP) after an epoch", {0, 1}, SIGSTOP, 1, 0, 1, "lost the job", ""},
+    {"rank 1 never starts", {0}, 0, 2, 0, 1, "1 of 2 arrived", ""},
+    {"rank 0 never starts: no store", {1}, 0, 2, 0, 1, "cannot reach the rendezvous", ""},
+    {"the rendezvous' port is taken", {0}, 0, 2, 0, 0, "is in use", ""},
+    {"NCCL: rank 1 killed after an epoch", {0, 1}, SIGKILL, 1, 2, 0, "lost the job", ""},
+    {"NCCL: two ranks on GPU 0", {0, 1}, 0, 2, 1, 0, "share one GPU", "CUDA_VISIBLE_DEVICES=0"}};
 
-struct Ending {
-  std::vector<int> statuses;  // the ranks that were not failed, as waitpid() reports them
-  double seconds = 0;         // from the failure (the start, or the signal) to their end
-  std::string said;           // the first rank's error line, or its checksum line
-  bool hung = false;          // still running past the deadline (then killed)
-};
-
-// Runs `program` as the job's `ranks` with `flags`, does `failure.signal` to rank 1 once it has
-// finished an epoch, and waits for the other ranks to end, at most `deadline`.
-Ending run_job(const std::string& program, const Failure& failure, std::vector<std::string> flags,
-               std::chrono::seconds deadline) {
-  const int port = course::free_tcp_port();
+// `program` as a job of two ranks on this host, failed as `failure` says: how the other ranks end,
+// and the first line of the first of them that says what happened.
+std::pair<course::JobEnding, std::string> run_job(const std::string& program,
+                                                  const Failure& failure,
+                                                  const std::vector<std::string>& flags,
+                                                  int timeout_s) {
+  course::LocalJob job;
+  job.argv = flags;
+  job.argv.insert(job.argv.begin(), program);
+  job.ranks = failure.ranks;
+  job.port = course::free_tcp_port();
+  if (failure.signal != 0)
+    job.argv.insert(job.argv.end(), {"--epochs", std::to_string(kFailEpochs)});
+  if (*failure.env != '\0') job.environment.emplace_back(failure.env);
+  job.signal = failure.signal;
+  job.after = "epoch 1/";
+  job.deadline = std::chrono::seconds(2 * timeout_s + kSlackSeconds);
   std::unique_ptr<c10d::TCPStore> taken;  // a store on the port first: it is not free any more
   if (std::string(failure.says) == "is in use") {
     c10d::TCPStoreOptions options;
-    options.port = static_cast<std::uint16_t>(port);
+    options.port = static_cast<std::uint16_t>(job.port);
     options.isServer = true;
     options.waitWorkers = false;
     taken = std::make_unique<c10d::TCPStore>("127.0.0.1", options);
   }
-  std::vector<std::unique_ptr<course::ChildProcess>> ranks(2);
-  flags.insert(flags.begin(), program);
-  for (const int r : failure.ranks) {
-    std::vector<std::string> env = course::rank_environment(r, 2, port);
-    if (*failure.env != '\0') env.emplace_back(failure.env);
-    ranks[r] = std::make_unique<course::ChildProcess>(flags, env, /*with_stderr=*/true);
+  const course::JobEnding ending = course::run_local_job(job);
+  for (const std::string& line : ending.outputs.at(0)) {
+    if (line.rfind("error:", 0) == 0 || line.rfind("parameter checksum", 0) == 0)
+      return {ending, line};
   }
-  auto start = std::chrono::steady_clock::now();
-  if (failure.signal != 0) {
-    std::string line;
-    while (ranks[1]->read_line(line) && line.find("epoch 1/") == std::string::npos) {}
-    ranks[1]->signal(failure.signal);
-    start = std::chrono::steady_clock::now();
-  }
-  Ending ending;
-  for (const int r : failure.ranks) {
-    if (r == 1 && failure.signal != 0) continue;
-    auto status = ranks[r]->wait_for(deadline - std::chrono::duration_cast<std::chrono::seconds>(
-                                                    std::chrono::steady_clock::now() - start));
-    ending.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ending.hung = ending.hung || !status;
-    ending.statuses.push_back(status ? *status : ranks[r]->kill());
-    for (const std::string& line : ranks[r]->read_rest()) {
-      if (ending.said.empty() && (line.rfind("error:", 0) == 0 || line.rfind("parameter checksum", 0) == 0)) {
-        ending.said = line;
-      }
-    }
-  }
-  return ending;  // a rank still running (stopped) is killed with its ChildProcess
-}
-
-std::string describe(const Ending& e) {
-  std::string statuses;
-  for (const int s : e.statuses) statuses += (statuses.empty() ? "" : ", ") + course::describe_status(s);
-  char seconds[32];
-  std::snprintf(seconds, sizeof seconds, " after %.1f s", e.seconds);
-  const std::string said = e.said.size() > 110 ? e.said.substr(0, 107) + "..." : e.said;
-  return (e.hung ? "HUNG, then " : "") + statuses + seconds + (said.empty() ? "" : ": " + said);
+  return {ending, ""};
 }
 
 // Each failure, in a job of lesson 09 (when it is built beside this program) and of this lesson.
@@ -531,55 +508,45 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
   const std::string lesson09 =
       (std::filesystem::path(here).parent_path() / "lesson09_data_parallel").string();
   const bool have09 = std::filesystem::exists(lesson09);
-  std::vector<std::string> flags{"--device", device, "--timeout", std::to_string(timeout_s),
-                                 "--seed", std::to_string(seed), "--quick"};
+  std::vector<std::string> flags{"--device", device, "--seed", std::to_string(seed), "--quick"};
+  flags.insert(flags.end(), {"--timeout", std::to_string(timeout_s)});
   if (!data_dir.empty()) flags.insert(flags.end(), {"--data-dir", data_dir});
-  const auto deadline = std::chrono::seconds(2 * timeout_s + kSlackSeconds);
-  std::printf("Jobs of 2 ranks on this host, --device %s --timeout %d%s\n", device.c_str(),
+  std::printf("Jobs of 2 ranks on this host, --device %s --timeout %d --quick%s\n", device.c_str(),
               timeout_s, have09 ? "" : " (lesson 09 is not built beside this program: left out)");
-
-  std::cout << "\n-- a healthy job, one epoch\n";
-  const Failure healthy{"", {0, 1}, 0, 0, "parameter checksum", 0, 0, ""};
-  std::string sums[2];
-  for (const bool as09 : {true, false}) {
-    if (as09 && !have09) continue;
-    const Ending e = run_job(as09 ? lesson09 : here, healthy, flags, deadline);
-    std::printf("   lesson %s: %s\n", as09 ? "09" : "14", describe(e).c_str());
-    sums[as09] = e.said.substr(0, 35);  // "parameter checksum " and 16 hex digits
-    if (!as09) verdict.check(!e.hung && std::all_of(e.statuses.begin(), e.statuses.end(), [](int s) { return s == 0; }),
-                             "a healthy job: both ranks pass");
-  }
-  if (have09) verdict.check(!sums[0].empty() && sums[0] == sums[1], "and end with lesson 09's parameters, bit for bit");
-
-  const int gpus = course::cuda_device_count();
   for (const Failure& f : kFailures) {
     std::printf("\n-- %s\n", f.what);
-    if (f.gpus > 0 && (device == "cpu" || gpus < f.gpus)) {
+    if (f.gpus > 0 && (device == "cpu" || course::cuda_device_count() < f.gpus)) {
       std::printf("   (skipped: needs %d GPU(s), --device cuda)\n", f.gpus);
       continue;
     }
-    std::vector<std::string> job_flags = flags;
-    if (f.signal != 0) job_flags.insert(job_flags.end(), {"--epochs", std::to_string(kFailEpochs)});
+    std::string said[2];  // what lesson 09's and this lesson's first rank said
     for (const bool as09 : {true, false}) {
       if (as09 && !have09) continue;
-      const Ending e = run_job(as09 ? lesson09 : here, f, job_flags, deadline);
-      std::printf("   lesson %s: %s\n", as09 ? "09" : "14", describe(e).c_str());
+      const auto [e, line] = run_job(as09 ? lesson09 : here, f, flags, timeout_s);
+      std::printf("   lesson %s: %s%s after %.1f s: %s\n", as09 ? "09" : "14",
+                  e.hung ? "HUNG, " : "", course::describe_status(e.statuses.front()).c_str(),
+                  e.seconds,
+                  line.size() > 100 ? (line.substr(0, 97) + "...").c_str() : line.c_str());
       std::fflush(stdout);
+      said[as09] = line.substr(0, 35);  // enough for "parameter checksum " and its 16 digits
       if (as09) continue;
-      const bool ends = !e.hung && std::all_of(e.statuses.begin(), e.statuses.end(), [&](int s) {
+      const bool ended = !e.hung && std::all_of(e.statuses.begin(), e.statuses.end(), [&](int s) {
         return WIFEXITED(s) && WEXITSTATUS(s) == f.code;
       });
       const double waited = e.seconds / timeout_s;  // no sooner than its wait, never much later
-      verdict.check(ends && e.said.find(f.says) != std::string::npos && waited >= 0.9 * f.waits &&
-                        e.seconds <= std::max(1.0, f.waits) * timeout_s + kSlackSeconds,
-                    std::string(f.what) + ": exit " + std::to_string(f.code) + ", \"" + f.says + "\"");
+      verdict.check(
+          ended && line.find(f.says) != std::string::npos && waited >= 0.9 * f.waits &&
+              e.seconds <= std::max(1.0, f.waits) * timeout_s + kSlackSeconds,
+          std::string(f.what) + ": exit " + std::to_string(f.code) + ", \"" + f.says + "\"");
     }
+    if (f.code == 0 && have09)
+      verdict.check(said[0] == said[1], "the same parameters as lesson 09's");
   }
 }
 
 }  // namespace lesson14
 
-// ---- main ----------------------------------------------------------------------------------------
+// ---- main ------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson14.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson14;
@@ -587,14 +554,16 @@ int main(int argc, char** argv) try {
   options.seed = kSeed;
   int epochs = 0, batch = kBatchPerRank, timeout_s = 0;  // 0: the defaults below
   course::Cli cli("lesson14_distributed_failures",
-                  "Lesson 14: lesson 09's distributed job when ranks fail. Run plainly, it fails "
-                  "ranks of jobs it starts and measures how the others end; started by torchrun "
-                  "(WORLD_SIZE set), it is one rank.", options);
+                  "Lesson 14: lesson 09's job when ranks fail. Run plainly, it fails ranks of jobs "
+                  "it starts and times how the others end; under torchrun, it is one rank.",
+                  options);
   cli.add_data_dir();
   cli.add_option("--epochs", epochs, "epochs, as a rank (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch, "samples per rank per step", 1, 60000);
-  cli.add_option("--timeout", timeout_s, "seconds to wait for a rank (0 = 120 as a rank, 5 for "
-                 "the jobs it starts, 3 with --quick)", 0, 86400);
+  cli.add_option("--timeout", timeout_s,
+                 "seconds to wait for a rank (0: 120; 5, 3 if quick, run "
+                 "plainly)",
+                 0, 86400);
   if (auto code = cli.parse(argc, argv)) return *code;
 
   const std::optional<course::RankInfo> job = course::rank_from_environment();
@@ -603,25 +572,26 @@ int main(int argc, char** argv) try {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     choice = rank_device(options.device, course::cuda_device_count(), *job, visible ? visible : "");
     options.device = choice.device;
-    if (options.threads == 0) options.threads = std::max(1, course::available_cores() / job->local_world_size);
+    if (options.threads == 0)
+      options.threads = std::max(1, course::available_cores() / job->local_world_size);
   }
   const torch::Device device = course::start_lesson(options);  // prints the device first
   if (!choice.reason.empty()) std::cout << "(" << choice.reason << ")\n";
   const auto folder = course::find_fashion_mnist(options.data_dir);  // every rank reads it
   course::Verdict verdict;
+  if (timeout_s == 0) timeout_s = job ? kTimeoutSeconds : options.quick ? 3 : kFailTimeoutSeconds;
   if (!job) {  // run plainly: the failures, measured
-    fail_ranks(device.is_cuda() ? "cuda" : "cpu", options.data_dir,
-               timeout_s > 0 ? timeout_s : options.quick ? 3 : kFailTimeoutSeconds, options.seed, verdict);
+    fail_ranks(device.is_cuda() ? "cuda" : "cpu", options.data_dir, timeout_s, options.seed,
+               verdict);
     return verdict.finish("lesson 14 on " + device.str());
   }
-  if (backend_for(device).empty()) {
-    throw course::CourseError("this build has no c10d backend for " + device.str(),
-                              "Gloo needs libgloo-dev at build time, NCCL a CUDA LibTorch");
-  }
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  if (options.quick) train = {train.images.slice(0, 0, kQuickSamples), train.labels.slice(0, 0, kQuickSamples)};
-  rank_job(*job, device, train, epochs > 0 ? epochs : options.quick ? 1 : kEpochs, batch,
-           options.seed, std::chrono::seconds(timeout_s > 0 ? timeout_s : kTimeoutSeconds), verdict);
+  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
+  if (options.quick)
+    train = {train.images.slice(0, 0, kQuickSamples), train.labels.slice(0, 0, kQuickSamples)};
+  if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
+  rank_job(*job, device, train, test, epochs, batch, options.seed, std::chrono::seconds(timeout_s),
+           verdict);
   return verdict.finish("lesson 14 rank " + std::to_string(job->rank) + " of " +
                         std::to_string(job->world_size) + " on " + device.str());
 } catch (...) {
