@@ -154,7 +154,7 @@ c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::
 //! [init-process-group]
 
 // ---- part 2: DistributedSampler and DistributedDataParallel -----------------------------------
-//! [shard]
+//! [shard-and-allreduce]
 // The epoch's shuffled order, from a generator seeded with the seed and the epoch only: every rank
 // draws the same order without a word to the others (DistributedSampler's set_epoch).
 torch::Tensor epoch_order(std::int64_t samples, std::uint64_t seed, int epoch) {
@@ -200,7 +200,7 @@ void allreduce_gradients(course::CommGroup& group, ANN& model, std::chrono::mill
     offset += params[i].numel();
   }
 }
-//! [collectives]
+//! [shard-and-allreduce]
 
 //! [train-data-parallel]
 // Lesson 05's loop as rank `rank` of `world_size` (a group of one: one process).
