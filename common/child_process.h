@@ -1,11 +1,13 @@
 // child_process.h defines: ChildProcess, a program started with its output read back line by line
-// and killed on demand (what a test of a crash needs), self_executable(), and a crash test that
-// kills a child again and again (kill_repeatedly).
+// and killed, stopped or waited for on demand (what a test of a crash needs), self_executable(),
+// and a crash test that kills a child again and again (kill_repeatedly).
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +20,11 @@ class ChildProcess {
   /// Starts `argv[0]` with the arguments `argv` and this process's environment (posix_spawn).
   /// Throws std::runtime_error, naming the program, when it cannot start.
   explicit ChildProcess(const std::vector<std::string>& argv);
+  /// The same, with `environment` ("NAME=value" each) added to this process's environment (each
+  /// replacing a variable of that name), and the child's standard error sent into the same pipe
+  /// as its output when `with_stderr`.
+  ChildProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environment,
+               bool with_stderr);
   /// Kills the child if it still runs, and waits for it: no zombie is left.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
@@ -25,9 +32,16 @@ class ChildProcess {
 
   /// The next line the child printed, without its newline; false at the end of its output.
   bool read_line(std::string& line);
+  /// Every line the child prints from now until its output ends (it exited, or was killed).
+  std::vector<std::string> read_rest();
   /// Sends SIGKILL (no chance to clean up: a crash, a power cut) and waits for the child.
   /// Returns its status as waitpid() reports it.
   int kill();
+  /// Sends `signal` to the child (SIGSTOP stops it where it stands, as a hung process would).
+  void signal(int signal);
+  /// Waits at most `limit` for the child to end by itself: its status as waitpid() reports it,
+  /// or nothing when it still runs then.
+  std::optional<int> wait_for(std::chrono::milliseconds limit);
 
  private:
   pid_t pid_ = -1;
@@ -35,6 +49,9 @@ class ChildProcess {
   bool reaped_ = false;
   int status_ = 0;
 };
+
+/// A child's end as waitpid() reports `status`, in words: "exit 1", "killed by SIGKILL".
+std::string describe_status(int status);
 
 /// This program's own path (/proc/self/exe), to start it again as a child.
 std::string self_executable();

@@ -52,4 +52,13 @@ double relative_diff(const at::Tensor& a, const at::Tensor& b) {
   return scale > 0 ? diff / scale : std::numeric_limits<double>::infinity();
 }
 
+std::uint64_t checksum(const at::Tensor& tensor) {
+  const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
+  const auto* p = static_cast<const unsigned char*>(bytes.data_ptr());
+  const std::size_t size = bytes.numel() * bytes.element_size();
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a, 64 bits
+  for (std::size_t i = 0; i < size; ++i) hash = (hash ^ p[i]) * 1099511628211ULL;
+  return hash;
+}
+
 }  // namespace course

@@ -1,8 +1,10 @@
 // compare.h defines: how the course says two results are "the same": the largest absolute and
-// relative differences of tensors, and the tolerance each dtype earns, with the reasoning for each
-// in one place (tolerance_for, below).
+// relative differences of tensors, the tolerance each dtype earns, with the reasoning for each in
+// one place (tolerance_for, below), and a checksum that tells bitwise-equal tensors apart from
+// others (ranks of a job compare theirs).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>     // defines: at::Tensor
@@ -23,6 +25,10 @@ double max_rel_diff(const at::Tensor& a, const at::Tensor& b);
 double max_rel_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
 /// ||a - b|| / ||b|| (L2 norms): how far apart two whole vectors are (0 when both are zero).
 double relative_diff(const at::Tensor& a, const at::Tensor& b);
+
+/// A 64-bit checksum of a tensor's bytes (FNV-1a), wherever the tensor lives: equal for
+/// bitwise-equal tensors, and a single changed bit changes it.
+std::uint64_t checksum(const at::Tensor& tensor);
 
 /// The relative tolerance for one computation done two ways in `dtype` (another order of the
 /// same sums, another device, another kernel): compare max_rel_diff or relative_diff with it.

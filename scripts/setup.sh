@@ -25,7 +25,7 @@ if [ "$flavour" = auto ]; then
   fi
 fi
 
-# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lesson 09, CPU ranks);
+# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09 and 14, CPU ranks);
 # neither LibTorch flavour ships them.
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
           dataset-fashion-mnist libgloo-dev python3)

@@ -1,7 +1,12 @@
 // Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST (and take(),
-// a split's first samples), memory metering, timing and synthetic data, a crash test's kills, and
-// state_dicts (Python's files, the strict load, the checks of a LibTorch archive, Adam's state).
+// a split's first samples), memory metering, timing and synthetic data, a child process (its kills,
+// signals and environment), the checksum of a tensor, torchrun's environment variables, a
+// temporary folder, and state_dicts (Python's files, the strict load, the checks of a LibTorch
+// archive, Adam's state).
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include <zlib.h>
 
@@ -11,6 +16,8 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -24,6 +31,7 @@
 #include "common/device.h"
 #include "common/generator.h"
 #include "common/interrupt.h"
+#include "common/launch.h"
 #include "common/memory.h"
 #include "common/nvml.h"
 #include "common/state_dict.h"
@@ -148,6 +156,156 @@ TEST(ChildProcess, KillRepeatedlyChecksAfterEachKill) {
   EXPECT_GT(report.piece_seconds, 0.0);
 }
 
+// Tests what a distributed job's test needs of a child: variables added to its environment (one
+// of them replacing this process's), its standard error in the same pipe, a stopped child that
+// wait_for() reports as still running, and its exit status once it ends by itself.
+TEST(ChildProcess, EnvironmentSignalsAndWait) {
+  setenv("GPU_LESSONS_TEST_VAR", "parent", 1);
+  course::ChildProcess child(
+      {"/bin/sh", "-c", "echo \"$GPU_LESSONS_TEST_VAR $OTHER_VAR\"; echo oops >&2; exit 3"},
+      {"GPU_LESSONS_TEST_VAR=child", "OTHER_VAR=two"}, /*with_stderr=*/true);
+  std::string line;
+  ASSERT_TRUE(child.read_line(line));
+  EXPECT_EQ(line, "child two");
+  EXPECT_EQ(child.read_rest(), std::vector<std::string>{"oops"});
+  const std::optional<int> status = child.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 3);
+  unsetenv("GPU_LESSONS_TEST_VAR");
+
+  course::ChildProcess sleeper({"/bin/sh", "-c", "echo up; exec sleep 60"});
+  ASSERT_TRUE(sleeper.read_line(line));
+  sleeper.signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(sleeper.wait_for(std::chrono::milliseconds(200)).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  const int killed = sleeper.kill();  // SIGKILL ends a stopped process too
+  EXPECT_TRUE(WIFSIGNALED(killed));
+  EXPECT_EQ(sleeper.wait_for(std::chrono::milliseconds(0)), killed);
+  EXPECT_EQ(course::describe_status(killed), "killed by SIGKILL");
+  EXPECT_EQ(course::describe_status(*status), "exit 3");
+  EXPECT_TRUE(sleeper.read_rest().empty());
+}
+
+// ---- torchrun's environment ----------------------------------------------------------------------
+// Sets an environment variable for one test and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_.c_str(), old_->c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// Tests that a plain run is no job, and that torchrun's variables are read and checked.
+TEST(Launch, ReadsWhatTheLauncherSets) {
+  {
+    ScopedEnv world("WORLD_SIZE", nullptr);
+    EXPECT_FALSE(course::rank_from_environment().has_value());
+  }
+  ScopedEnv world("WORLD_SIZE", "4"), rank("RANK", "3"), local("LOCAL_RANK", "1"),
+      local_world("LOCAL_WORLD_SIZE", "2"), addr("MASTER_ADDR", "10.1.2.3"),
+      port("MASTER_PORT", "29999"), agent("TORCHELASTIC_USE_AGENT_STORE", "True"),
+      restarts("TORCHELASTIC_RESTART_COUNT", "2");
+  const auto info = course::rank_from_environment();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->world_size, 4);
+  EXPECT_EQ(info->rank, 3);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->local_world_size, 2);
+  EXPECT_EQ(info->master_addr, "10.1.2.3");
+  EXPECT_EQ(info->master_port, 29999);
+  EXPECT_TRUE(info->agent_store);
+  EXPECT_EQ(info->restart_count, 2);
+}
+
+// Tests that a missing RANK, or one past the world size, is a usage error naming the variable.
+TEST(Launch, BadValuesAreUsageErrors) {
+  ScopedEnv world("WORLD_SIZE", "2");
+  {
+    ScopedEnv rank("RANK", nullptr);
+    EXPECT_THROW(course::rank_from_environment(), course::UsageError);
+  }
+  for (const char* bad : {"2", "-1", "one"}) {
+    ScopedEnv rank("RANK", bad);
+    try {
+      course::rank_from_environment();
+      ADD_FAILURE() << "RANK=" << bad << " accepted";
+    } catch (const course::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("RANK="), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Tests that the variables a program gives the ranks it starts read back as what it meant.
+TEST(Launch, RankEnvironmentReadsBack) {
+  const std::vector<std::string> env = course::rank_environment(1, 3, 4242);
+  std::vector<std::unique_ptr<ScopedEnv>> set;
+  for (const std::string& entry : env) {
+    const auto eq = entry.find('=');
+    set.push_back(std::make_unique<ScopedEnv>(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str()));
+  }
+  const auto info = course::rank_from_environment();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->rank, 1);
+  EXPECT_EQ(info->world_size, 3);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->local_world_size, 3);
+  EXPECT_EQ(info->master_addr, "127.0.0.1");
+  EXPECT_EQ(info->master_port, 4242);
+}
+
+// Tests torchrun in miniature on shell "ranks": each started with its own variables, the victim
+// killed once it printed its line, the other ranks' ends and lines; a rank past the deadline is
+// killed and reported as hung.
+TEST(Launch, LocalJobFailsTheVictim) {
+  course::LocalJob job;
+  job.argv = {"/bin/sh", "-c",
+              "echo \"rank $RANK of $WORLD_SIZE at $MASTER_PORT $EXTRA\"; echo 'epoch 1/9';"
+              "if [ $RANK = 1 ]; then exec sleep 60; fi; sleep 0.3; exit $((RANK + 3))"};
+  job.world_size = 3;
+  job.port = 1234;
+  job.environment = {"EXTRA=x"};
+  job.signal = SIGKILL;
+  job.after = "epoch 1/";
+  const course::JobEnding ending = course::run_local_job(job);  // ranks 0 and 1 of 3
+  ASSERT_EQ(ending.statuses.size(), 1u);
+  EXPECT_EQ(course::describe_status(ending.statuses[0]), "exit 3");
+  EXPECT_FALSE(ending.hung);
+  EXPECT_EQ(ending.outputs[0].at(0), "rank 0 of 3 at 1234 x");
+  EXPECT_LT(ending.seconds, 10.0);
+
+  job.signal = 0;  // rank 1 sleeps past the deadline
+  job.ranks = {1};
+  job.deadline = std::chrono::milliseconds(300);
+  const course::JobEnding hung = course::run_local_job(job);
+  EXPECT_TRUE(hung.hung);
+  EXPECT_EQ(course::describe_status(hung.statuses.at(0)), "killed by SIGKILL");
+}
+
+// Tests that the free port is one a server can listen on.
+TEST(Launch, FreePortCanBeBound) {
+  const int port = course::free_tcp_port();
+  EXPECT_GT(port, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << port;
+  close(fd);
+}
+
 // ---- comparing results -----------------------------------------------------------------------------
 // Tests the differences: absolute, relative to the largest element, and of whole vectors; a
 // missing tensor or another shape is never close.
@@ -163,6 +321,17 @@ TEST(Compare, Differences) {
   EXPECT_TRUE(std::isinf(course::max_abs_diff(a, b.reshape({3, 1}))));
   EXPECT_TRUE(std::isinf(course::max_rel_diff(std::vector<torch::Tensor>{a}, {})));
   EXPECT_DOUBLE_EQ(course::max_rel_diff(std::vector<torch::Tensor>{a, b}, {b, b}), 0.5 / 4);
+}
+
+// Tests that the checksum of a tensor's bytes sees a single changed bit, wherever the tensor is.
+TEST(Compare, ChecksumSeesOneBit) {
+  torch::Tensor a = torch::randn({1000});
+  torch::Tensor b = a.clone();
+  EXPECT_EQ(course::checksum(a), course::checksum(b));
+  EXPECT_EQ(course::checksum(a), course::checksum(a.reshape({10, 100}).t().contiguous().t()));
+  torch::Tensor bits = b.view(torch::kInt);
+  bits[500] = bits[500].bitwise_xor(1);  // one bit of one float
+  EXPECT_NE(course::checksum(a), course::checksum(b));
 }
 
 // Tests the reasoning behind the tolerances on real sums: 4,096 terms added by two kernels

@@ -43,12 +43,16 @@ for lesson in "$root"/lessons/[0-9][0-9]_*/; do
   [ -s "$t/docs/transcripts/gpu/$name.txt" ] || fail "no transcript of $name"
   grep -q '^RESULT: ' "$t/docs/transcripts/gpu/$name.txt" || fail "$name's transcript has no verdict"
 done
-for extra in lesson09_data_parallel.2ranks lesson09_data_parallel.torchrun lesson10_checkpointing.resume \
-             lesson10_checkpointing.roundtrip lesson12_crash_safe_checkpoints.resume; do
+for extra in lesson09_data_parallel.2ranks lesson09_data_parallel.torchrun \
+             lesson14_distributed_failures.2ranks lesson14_distributed_failures.torchrun \
+             lesson10_checkpointing.resume lesson10_checkpointing.roundtrip \
+             lesson12_crash_safe_checkpoints.resume; do
   [ -s "$t/docs/transcripts/gpu/$extra.txt" ] || fail "no transcript $extra"
 done
-grep -q "RESULT: PASS lesson 09 rank 0 of 1" "$t/docs/transcripts/gpu/lesson09_data_parallel.torchrun.txt" ||
-  fail "torchrun's job did not pass"
+for lesson in 09_data_parallel 14_distributed_failures; do
+  grep -q "RESULT: PASS lesson ${lesson%%_*} rank 0 of 1" "$t/docs/transcripts/gpu/lesson$lesson.torchrun.txt" ||
+    fail "torchrun's job of lesson ${lesson%%_*} did not pass"
+done"
 for bench in "$build"/bin/bench_*; do
   json=$t/docs/benchmarks/gpu/$(basename "$bench").json
   grep -q '"benchmarks"' "$json" 2>/dev/null || fail "no JSON from $(basename "$bench")"

@@ -1,0 +1,64 @@
+// launch.h defines: RankInfo and rank_from_environment(), where this process stands in a
+// distributed job as PyTorch's launcher (torchrun) tells every process it starts;
+// rank_environment(), the same variables for a rank started without the launcher; free_tcp_port(),
+// a port on this host for a job's rendezvous; and run_local_job(), torchrun in miniature for tests
+// of failures: the ranks of a job started on this host, one of them stopped or killed.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace course {
+
+/// Where this process stands in a job, from the variables torchrun sets for every rank.
+struct RankInfo {
+  int rank = 0;              ///< RANK: 0 .. world_size - 1, over all hosts
+  int world_size = 1;        ///< WORLD_SIZE: the ranks of the job
+  int local_rank = 0;        ///< LOCAL_RANK: this rank's number on its host
+  int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: the ranks on this host
+  std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: the host of the rendezvous' store
+  int master_port = 29500;                ///< MASTER_PORT
+  bool agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True: the launcher hosts the store
+  int restart_count = 0;     ///< TORCHELASTIC_RESTART_COUNT: how often the job was restarted
+};
+
+/// The job this process is a rank of, from its environment: nothing when WORLD_SIZE is unset (a
+/// plain run); a UsageError naming the variable when one is missing or out of range.
+std::optional<RankInfo> rank_from_environment();
+
+/// What torchrun sets for rank `rank` of a job of `world_size` ranks, all on this host, whose
+/// rendezvous is at 127.0.0.1:`port`: "NAME=value" each, for a program that starts ranks itself
+/// (rank_from_environment() reads them back).
+std::vector<std::string> rank_environment(int rank, int world_size, int port);
+
+/// A TCP port on the loopback interface that nobody listens on right now (a rendezvous for ranks
+/// started on this host; another program may still take it before they do).
+int free_tcp_port();
+
+/// A job of ranks on this host, as run_local_job() starts it.
+struct LocalJob {
+  std::vector<std::string> argv;         ///< the program and its flags, the same for every rank
+  int world_size = 2;
+  std::vector<int> ranks{0, 1};          ///< the ranks started (the others never arrive)
+  int port = 0;                          ///< the rendezvous' port on 127.0.0.1
+  std::vector<std::string> environment;  ///< "NAME=value" added to every rank's environment
+  int signal = 0;      ///< sent to rank `victim` once it has printed a line holding `after`
+  int victim = 1;
+  std::string after;
+  std::chrono::milliseconds deadline{60000};  ///< how long the other ranks may take to end
+};
+/// How the ranks of a LocalJob ended: every started rank but the victim, in `ranks` order.
+struct JobEnding {
+  std::vector<int> statuses;                      ///< as waitpid() reports them
+  std::vector<std::vector<std::string>> outputs;  ///< their lines, standard error included
+  double seconds = 0;  ///< from the start (or from the signal) until the last of them ended
+  bool hung = false;   ///< one still ran at the deadline (it was killed then)
+};
+/// Starts `job.argv` as the ranks `job.ranks` (torchrun's variables from rank_environment()),
+/// sends `job.signal` to the victim once it printed `job.after`, and waits for the others.
+/// Ranks still running at the end (a stopped victim) are killed.
+JobEnding run_local_job(const LocalJob& job);
+
+}  // namespace course
