@@ -16,9 +16,9 @@
 //
 // Run:    build/bin/lesson03_moving_tensors [--device auto|cpu|cuda|cuda:N] [--quick]
 // Checks: the tutorial's tensor lands on the device (and is the same tensor when the device is
-//         the CPU, as the tutorial notes); the facts above, each on the chosen device; the CUDA-only ones print
-//         "(skipped: needs CUDA)" on the CPU; the three sums of squares agree. Exit 0 PASS,
-//         1 FAIL, 2 bad flag.
+//         the CPU, as the tutorial notes); the facts above, each on the chosen device (the
+//         CUDA-only ones print "(skipped: needs CUDA)" on the CPU); the three sums of squares
+//         agree. Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::Tensor, its .to(), torch::randn, pin_memory
 
 #include <cmath>
@@ -42,7 +42,7 @@ constexpr int kTimedRuns = 5;                  // median of this many, after one
 constexpr std::int64_t kLoopElements = 10000;  // the sum of squares computed three ways
 constexpr std::int64_t kLoopElementsQuick = 2000;
 
-// ---- 1. The tutorial's move --------------------------------------------------------------------------
+// ---- 1. The tutorial's move --------------------------------------------------------------------
 /// The two tensors of the tutorial's lines.
 struct TutorialTensors {
   torch::Tensor cpu_tensor, gpu_tensor;
@@ -60,7 +60,7 @@ TutorialTensors tutorial_move(const torch::Device& device) {
 }
 //! [tutorial]
 
-// ---- 2. What .to() copies ----------------------------------------------------------------------------
+// ---- 2. What .to() copies ----------------------------------------------------------------------
 /// What .to() gave back.
 struct MoveFacts {
   bool same_tensor = false;   ///< the very same tensor object came back: no copy at all
@@ -139,7 +139,7 @@ double copy_bandwidth(const torch::Device& device, std::int64_t bytes, bool pinn
   return static_cast<double>(bytes) / timing.median_s / 1e9;
 }
 
-// ---- 3. One computation, three ways ----------------------------------------------------------------
+// ---- 3. One computation, three ways ------------------------------------------------------------
 /// The sum of x[i]² over a 1-D float tensor, with a C++ loop that reads each element with
 /// `.item()`: one small copy to the host (and, on a GPU, one wait for it) per element.
 //! [item-loop]

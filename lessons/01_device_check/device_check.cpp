@@ -22,7 +22,8 @@
 #include <string>
 #include <vector>
 
-#ifdef GPU_LESSONS_WITH_CUDA  // CMake defines it when this LibTorch has CUDA
+// GPU_LESSONS_WITH_CUDA: CMake defines it when this LibTorch has CUDA.
+#ifdef GPU_LESSONS_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>  // defines: at::cuda::getDeviceProperties
 #endif
 
@@ -39,7 +40,7 @@ constexpr std::int64_t kProbeSize = 512;  // side of the square matmul run on th
 // An fp32 matmul on two devices: the same sums in another order (common/compare.h says why 1e-5).
 constexpr double kProbeTolerance = course::tolerance_for(torch::kFloat);
 
-// ---- 1. The tutorials' device check --------------------------------------------------------------
+// ---- 1. The tutorials' device check ------------------------------------------------------------
 // torch.cuda.get_device_name(i): LibTorch's C++ API has no such function; Python's reads the name
 // from the GPU's properties, which ATen's CUDA context holds (only a CUDA LibTorch has them).
 std::string get_device_name(int index) {
@@ -73,7 +74,7 @@ torch::Tensor first_tensor(const torch::Device& device) {
 }
 //! [tutorial]
 
-// ---- 2. What LibTorch knows -----------------------------------------------------------------------
+// ---- 2. What LibTorch knows --------------------------------------------------------------------
 /// What this LibTorch build and this machine offer.
 struct BuildInfo {
   std::string torch_version;    ///< TORCH_VERSION from torch/version.h
@@ -96,7 +97,7 @@ BuildInfo build_info() {
 }
 //! [build-info]
 
-// ---- 3. How --device strings resolve --------------------------------------------------------------
+// ---- 3. How --device strings resolve -----------------------------------------------------------
 /// What one --device string turns into on this machine.
 struct Resolution {
   std::string spec;       ///< the string, e.g. "cuda:1"
@@ -123,7 +124,7 @@ std::vector<Resolution> resolve_examples() {
   return rows;
 }
 
-// ---- 4. A first computation on the device ---------------------------------------------------------
+// ---- 4. A first computation on the device ------------------------------------------------------
 /// Multiplies two seeded random matrices on `device` and on the CPU; returns the largest
 /// absolute difference, relative to the largest CPU value.
 //! [probe]

@@ -45,7 +45,7 @@ constexpr std::int64_t kBatch = 32;  // rows of the batch used to compare output
 // fp32 outputs on two devices, relative to the largest (common/compare.h says why 1e-5).
 constexpr double kOutputTolerance = course::tolerance_for(torch::kFloat);
 
-// ---- 1. The tutorial's model, moved ---------------------------------------------------------------
+// ---- 1. The tutorial's model, moved ------------------------------------------------------------
 //! [tutorial]
 // class SimpleNN(nn.Module), tutorial 001's: each layer registered under its Python name.
 struct SimpleNNImpl : torch::nn::Module {
@@ -76,7 +76,7 @@ SimpleNN tutorial_model(const torch::Device& device) {
 }
 //! [tutorial]
 
-// ---- 2. Parameters and buffers --------------------------------------------------------------------
+// ---- 2. Parameters and buffers -----------------------------------------------------------------
 /// A small classifier with both kinds of state a module holds: parameters (Linear weights and
 /// biases, BatchNorm's affine) and buffers (BatchNorm's running statistics).
 struct NetImpl : torch::nn::Module {
@@ -107,8 +107,7 @@ std::vector<Placement> inventory(const torch::nn::Module& model) {
   std::vector<Placement> rows;
   auto add = [&rows](const std::string& name, const torch::Tensor& t, bool is_buffer) {
     rows.push_back({name, is_buffer, t.device(), t.scalar_type(),
-                    static_cast<std::int64_t>(t.numel() * t.element_size()),
-                    t, t.data_ptr()});
+                    static_cast<std::int64_t>(t.numel() * t.element_size()), t, t.data_ptr()});
   };
   for (const auto& item : model.named_parameters()) add(item.key(), item.value(), false);
   for (const auto& item : model.named_buffers()) add(item.key(), item.value(), true);

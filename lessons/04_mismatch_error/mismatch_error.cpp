@@ -34,7 +34,7 @@ constexpr std::int64_t kBatch = 8;
 /// The stable part of LibTorch's message when an op mixes devices (1.13 and 2.x).
 constexpr const char* kMismatchText = "Expected all tensors to be on the same device";
 
-// ---- 1. The tutorial's golden rule -------------------------------------------------------------------
+// ---- 1. The tutorial's golden rule -------------------------------------------------------------
 /// What the tutorial's lines did.
 struct GoldenRule {
   bool demonstrated = false;  ///< the mismatch was tried (the device is not the CPU)
@@ -57,7 +57,8 @@ GoldenRule golden_rule(const torch::Device& device) {
     rule.demonstrated = true;
     try {
       torch::Tensor result = tensor_cpu + tensor_gpu;  // This throws
-    } catch (const c10::Error& e) {  // Python: except RuntimeError as e
+    } catch (const c10::Error& e) {
+      // Python: except RuntimeError as e. The message without LibTorch's C++ backtrace:
       rule.error = e.what_without_backtrace();
       std::cout << "\nError encountered: " << rule.error << "\n";
       std::cout << "This error occurred because the two tensors are on different devices.\n";
@@ -74,7 +75,7 @@ GoldenRule golden_rule(const torch::Device& device) {
 }
 //! [golden-rule]
 
-// ---- 2. The same mistake in a program: a model on the device, a batch on the CPU --------------------
+// ---- 2. The same mistake in a program: a model on the device, a batch on the CPU ---------------
 /// A classifier that standardizes its input with stored statistics (buffers), then applies a
 /// linear layer. Its state can be created on any device, the meta device included.
 //! [model]
