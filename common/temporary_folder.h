@@ -12,7 +12,8 @@ namespace course {
 /// removed with its contents by the destructor.
 class TemporaryFolder {
  public:
-  /// Makes <temp>/<prefix>XXXXXX; throws std::runtime_error when it cannot.
+  /// Makes `prefix` plus six random characters in the system's temporary folder; throws
+  /// std::runtime_error when it cannot.
   explicit TemporaryFolder(const std::string& prefix);
   ~TemporaryFolder();  // removes the folder; never throws
   TemporaryFolder(const TemporaryFolder&) = delete;
