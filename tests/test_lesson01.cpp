@@ -9,6 +9,23 @@
 #include "cuda_test.h"
 #include "device_check.cpp"
 
+// Tests the tutorials' device check: the GPU exactly when CUDA is available, the device that
+// --device auto picks, and the tutorial's tensor moved there.
+TEST(Tutorial, ChoosesTheDeviceAutoPicks) {
+  const torch::Device device = lesson01::choose_device();
+  EXPECT_EQ(device.is_cuda(), torch::cuda::is_available());
+  EXPECT_EQ(device.type(), course::resolve_device("auto").device.type());
+  const torch::Tensor tensor = lesson01::first_tensor(device);
+  EXPECT_EQ(tensor.device().type(), device.type());
+  EXPECT_EQ(tensor.sizes(), torch::IntArrayRef({5, 5}));
+}
+
+// Tests that the first tensor goes to the device it is given (the meta device stands in for a
+// GPU on a machine without one).
+TEST(Tutorial, FirstTensorMoves) {
+  EXPECT_TRUE(lesson01::first_tensor(torch::Device(torch::kMeta)).is_meta());
+}
+
 // Tests that the build facts agree with each other and with the GPU list.
 TEST(BuildInfo, FactsAreConsistent) {
   const auto info = lesson01::build_info();
@@ -51,6 +68,7 @@ TEST_F(CudaTest, ProbeMatchesCpu) {
   const auto gpus = course::list_gpus();
   ASSERT_FALSE(gpus.empty());
   EXPECT_FALSE(gpus[0].name.empty());
+  EXPECT_EQ(lesson01::get_device_name(0), gpus[0].name);  // torch.cuda.get_device_name(0)
   EXPECT_GT(gpus[0].total_bytes, 0);
   EXPECT_GE(gpus[0].major, 3);
 }

@@ -15,6 +15,25 @@ int count_buffers(const std::vector<lesson02::Placement>& rows) {
 }
 }  // namespace
 
+// Tests the tutorial's model: SimpleNN's layers under the tutorial's names, and every parameter
+// on the device after the move.
+TEST(Tutorial, SimpleNNMovesEveryParameter) {
+  lesson02::SimpleNN model = lesson02::tutorial_model(torch::kCPU);
+  const auto params = model->named_parameters();
+  ASSERT_EQ(params.size(), 4u);
+  EXPECT_EQ(params[0].key(), "fc1.weight");
+  EXPECT_EQ(params[0].value().sizes(), torch::IntArrayRef({10, 3}));
+  EXPECT_EQ(params[3].key(), "fc2.bias");
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.device().is_cpu());
+  EXPECT_EQ(model->forward(torch::randn({100, 3})).sizes(), torch::IntArrayRef({100, 2}));
+}
+
+// Tests that the tutorial's model is moved to the device it is given (move_asked.h).
+TEST(Tutorial, AsksForTheMove) {
+  expect_move_asked([](const c10::Device& device) { lesson02::tutorial_model(device); },
+                    "tutorial_model");
+}
+
 // Tests that the inventory lists BatchNorm's buffers as well as the parameters.
 TEST(Inventory, ListsParametersAndBuffers) {
   lesson02::Net model;
@@ -75,6 +94,7 @@ TEST(MoveModel, ToDtypeConvertsParameters) {
 
 // Tests that moving to the GPU moves every tensor to new memory, in place, and outputs match.
 TEST_F(CudaTest, MoveToGpu) {
+  for (const auto& p : lesson02::tutorial_model(device)->parameters()) EXPECT_TRUE(p.is_cuda());
   torch::manual_seed(lesson02::kSeed);
   lesson02::Net model;
   model->eval();

@@ -6,6 +6,24 @@
 #include "cuda_test.h"
 #include "moving_tensors.cpp"
 
+// Tests the tutorial's lines: a [2, 3] CPU tensor, and .to(cpu) handing back that very tensor,
+// as the tutorial's note says.
+TEST(Tutorial, ToCpuReturnsTheOriginal) {
+  const auto t = lesson03::tutorial_move(torch::kCPU);
+  EXPECT_TRUE(t.cpu_tensor.is_cpu());
+  EXPECT_EQ(t.cpu_tensor.sizes(), torch::IntArrayRef({2, 3}));
+  EXPECT_TRUE(t.gpu_tensor.is_same(t.cpu_tensor));
+}
+
+// Tests that the tutorial's tensor moves to another device as a new tensor (the meta device
+// stands in for a GPU).
+TEST(Tutorial, ToAnotherDeviceIsANewTensor) {
+  const auto t = lesson03::tutorial_move(torch::Device(torch::kMeta));
+  EXPECT_TRUE(t.cpu_tensor.is_cpu());
+  EXPECT_TRUE(t.gpu_tensor.is_meta());
+  EXPECT_FALSE(t.gpu_tensor.is_same(t.cpu_tensor));
+}
+
 // Tests that .to() on a tensor already on the device returns that very tensor.
 TEST(MoveTensors, SameDeviceIsNoCopy) {
   const auto facts = lesson03::to_same_device(torch::kCPU);
@@ -50,6 +68,9 @@ TEST(ThreeWays, AccessorLoopOnAStridedView) {
 
 // Tests the GPU facts: a copy to new memory, different generators, pinned non_blocking copies.
 TEST_F(CudaTest, GpuFacts) {
+  const auto t = lesson03::tutorial_move(device);
+  EXPECT_TRUE(t.gpu_tensor.is_cuda());
+  EXPECT_TRUE(torch::equal(t.gpu_tensor.cpu(), t.cpu_tensor));
   EXPECT_TRUE(lesson03::to_same_device(device).same_tensor);
   const auto moved = lesson03::cpu_to(device);
   EXPECT_FALSE(moved.same_tensor);

@@ -23,6 +23,25 @@ void expect_error_then_fix(const torch::Device& model_device) {
 }
 }  // namespace
 
+// Tests the tutorial's golden rule on the CPU: as in the tutorial, nothing to demonstrate.
+TEST(GoldenRule, SkippedOnTheCpu) {
+  const auto rule = lesson04::golden_rule(torch::kCPU);
+  EXPECT_FALSE(rule.demonstrated);
+  EXPECT_TRUE(rule.error.empty());
+}
+
+// Tests the tutorial's golden rule with the meta device in the GPU's place: LibTorch's own
+// mismatch message, without a backtrace, then the sum on the device after the fix.
+TEST(GoldenRule, MismatchThenFixOnMeta) {
+  const auto rule = lesson04::golden_rule(torch::Device(torch::kMeta));
+  EXPECT_TRUE(rule.demonstrated);
+  EXPECT_NE(rule.error.find(lesson04::kMismatchText), std::string::npos) << rule.error;
+  EXPECT_EQ(rule.error.find("Exception raised from"), std::string::npos);  // no backtrace
+  ASSERT_TRUE(rule.result.defined());
+  EXPECT_TRUE(rule.result.is_meta());
+  EXPECT_EQ(rule.result.sizes(), torch::IntArrayRef({3, 4}));
+}
+
 // Tests that without a GPU the lesson demonstrates on the meta device.
 TEST(ModelDevice, MetaWithoutGpu) {
   EXPECT_TRUE(lesson04::model_device_for(torch::kCPU).is_meta());
@@ -39,6 +58,9 @@ TEST(Hint, OnlyForMismatch) {
 
 // Tests the classic case on a GPU: a model on CUDA fed a CPU batch.
 TEST_F(CudaTest, CudaModelCpuBatch) {
+  const auto rule = lesson04::golden_rule(device);
+  EXPECT_NE(rule.error.find(lesson04::kMismatchText), std::string::npos) << rule.error;
+  EXPECT_TRUE(rule.result.is_cuda());
   EXPECT_EQ(lesson04::model_device_for(device), device);
   expect_error_then_fix(device);
 }

@@ -59,13 +59,15 @@ TEST(StateBytes, FourCopiesOfTheParameters) {
   EXPECT_EQ(course::memory_stats(torch::kCPU).allocated - before, 4 * parameters);
 }
 
-// Tests that a freed tensor's bytes come back, and that the CPU keeps no cache.
+// Tests the tutorial's tips on the CPU: the deleted tensor's bytes come back, and the CPU keeps
+// no cache (reserved is allocated, before and after empty_cache).
 TEST(FreeThenEmpty, ReturnsToBaselineOnCpu) {
   course::install_counting_cpu_allocator();
   const auto f = lesson07::free_then_empty(torch::kCPU, 64 << 20);
   EXPECT_GE(f.allocated_with - f.allocated_before, 64 << 20);
   EXPECT_EQ(f.allocated_after, f.allocated_before);
   EXPECT_EQ(f.reserved_after_free, f.allocated_after);
+  EXPECT_EQ(f.reserved_after_empty, f.allocated_after);
 }
 
 // Tests the OOM loop against a CPU budget: it fails, halves, and ends on a batch that fits.

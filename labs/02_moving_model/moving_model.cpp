@@ -1,6 +1,8 @@
 // Lesson 02 — moving a model: model->to(device) moves every parameter and buffer, in place.
 //
 // You will learn:
+//   - the tutorials' model move, line for line: tutorial 001's SimpleNN, model->to(device), and
+//     a loop over named_parameters() that shows where each parameter now is;
 //   - a module's state is its parameters AND its buffers (BatchNorm's running statistics);
 //     model->to(device) moves all of them, and how many bytes that is;
 //   - the move is in place: the module keeps the same tensor objects, whose numbers now live in
@@ -12,7 +14,8 @@
 //   - model->to(dtype) converts the state too.
 //
 // Run:    build/bin/lesson02_moving_model [--device auto|cpu|cuda|cuda:N]
-// Checks: every parameter and buffer ends on the device, the objects are the same ones, the
+// Checks: every parameter of the tutorial's SimpleNN and every parameter and buffer of the
+//         lesson's model ends on the device, the objects are the same ones, the
 //         optimizer holds the moved tensors, outputs on the device match the CPU within
 //         kOutputTolerance, a new tensor is on the CPU unless its device is named (on CUDA, also
 //         .cuda() and to(kCUDA)), and to(kFloat64) converts every parameter.
@@ -42,18 +45,48 @@ constexpr std::int64_t kBatch = 32;  // rows of the batch used to compare output
 // fp32 outputs on two devices, relative to the largest (common/compare.h says why 1e-5).
 constexpr double kOutputTolerance = course::tolerance_for(torch::kFloat);
 
+// ---- 1. The tutorial's model, moved ------------------------------------------------------------
+//! [tutorial]
+// class SimpleNN(nn.Module), tutorial 001's: each layer registered under its Python name.
+struct SimpleNNImpl : torch::nn::Module {
+  SimpleNNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(3, 10))),
+        fc2(register_module("fc2", torch::nn::Linear(10, 2))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1(x));
+    x = fc2(x);
+    return x;
+  }
+
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(SimpleNN);
+
+// model = SimpleNN().to(device), then tutorial 004's check that the parameters moved.
+SimpleNN tutorial_model(const torch::Device& device) {
+  SimpleNN model;
+  // TODO(lab 02.1): move the model to `device` (one call: every parameter, in place)
+  throw std::logic_error("lab 02.1 is not done: move the model to `device` (one call: every parameter, in place)");
+  for (const auto& item : model->named_parameters()) {  // for name, p in model.named_parameters()
+    std::cout << "  " << item.key() << ": " << item.value().device() << "\n";
+  }
+  return model;
+}
+//! [tutorial]
+
+// ---- 2. Parameters and buffers -----------------------------------------------------------------
 /// A small classifier with both kinds of state a module holds: parameters (Linear weights and
 /// biases, BatchNorm's affine) and buffers (BatchNorm's running statistics).
 struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kInputs, kHidden));
-    norm = register_module("norm", torch::nn::BatchNorm1d(kHidden));
-    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kClasses));
-  }
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(kInputs, kHidden))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(kHidden))),
+        fc2(register_module("fc2", torch::nn::Linear(kHidden, kClasses))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(norm(fc1(x)))); }
-  torch::nn::Linear fc1{nullptr};
-  torch::nn::BatchNorm1d norm{nullptr};
-  torch::nn::Linear fc2{nullptr};
+  torch::nn::Linear fc1;
+  torch::nn::BatchNorm1d norm;
+  torch::nn::Linear fc2;
 };
 TORCH_MODULE(Net);
 
@@ -64,8 +97,8 @@ struct Placement {
   torch::Device device{torch::kCPU};
   torch::Dtype dtype = torch::kFloat;
   std::int64_t bytes = 0;
-  const c10::TensorImpl* object = nullptr;  ///< the tensor object (same before and after .to)
-  const void* storage = nullptr;            ///< where its numbers are
+  torch::Tensor tensor;           ///< a handle to the tensor object itself
+  const void* storage = nullptr;  ///< data_ptr(): the address of its numbers, at the time
 };
 
 /// Every parameter and buffer of `model`, in registration order.
@@ -73,8 +106,7 @@ std::vector<Placement> inventory(const torch::nn::Module& model) {
   std::vector<Placement> rows;
   auto add = [&rows](const std::string& name, const torch::Tensor& t, bool is_buffer) {
     rows.push_back({name, is_buffer, t.device(), t.scalar_type(),
-                    static_cast<std::int64_t>(t.numel() * t.element_size()),
-                    t.unsafeGetTensorImpl(), t.data_ptr()});
+                    static_cast<std::int64_t>(t.numel() * t.element_size()), t, t.data_ptr()});
   };
   for (const auto& item : model.named_parameters()) add(item.key(), item.value(), false);
   for (const auto& item : model.named_buffers()) add(item.key(), item.value(), true);
@@ -97,14 +129,15 @@ MoveReport move_model(Net& model, const torch::Device& device) {
   report.before = inventory(*model);
   // One call moves every parameter and buffer, recursively through the submodules. It is
   // in place: no `model = model->to(...)`, and nothing to re-register.
-  // TODO(lab 02.1): move every parameter and buffer of `model` to `device` (one call, in place)
-  throw std::logic_error("lab 02.1 is not done: move every parameter and buffer of `model` to `device` (one call, in place)");
+  // TODO(lab 02.2): move every parameter and buffer of `model` to `device` (one call, in place)
+  throw std::logic_error("lab 02.2 is not done: move every parameter and buffer of `model` to `device` (one call, in place)");
   report.after = inventory(*model);
   report.all_on_device = report.same_objects = true;
   for (size_t i = 0; i < report.after.size(); ++i) {
     report.bytes += report.after[i].bytes;
     report.all_on_device &= report.after[i].device == device;
-    report.same_objects &= report.after[i].object == report.before[i].object;
+    // is_same: the two handles name one tensor object. data_ptr: where its numbers are.
+    report.same_objects &= report.after[i].tensor.is_same(report.before[i].tensor);
     report.storage_changed |= report.after[i].storage != report.before[i].storage;
   }
   return report;
@@ -138,8 +171,8 @@ NewTensors where_new_tensors_go(const torch::Device& device) {
 torch::optim::Adam make_optimizer(Net& model) {
   // Built AFTER model->to(device): Adam keeps per-parameter moments that it creates, on the
   // parameters' device, at its first step. Moving the model later would leave them behind.
-  // TODO(lab 02.2): return an Adam (learning rate 1e-3) over the model's parameters
-  throw std::logic_error("lab 02.2 is not done: return an Adam (learning rate 1e-3) over the model's parameters");
+  // TODO(lab 02.3): return an Adam (learning rate 1e-3) over the model's parameters
+  throw std::logic_error("lab 02.3 is not done: return an Adam (learning rate 1e-3) over the model's parameters");
 }
 //! [optimizer]
 
@@ -232,6 +265,13 @@ int main(int argc, char** argv) try {
   course::Verdict verdict;
 
   torch::manual_seed(options.seed);
+  std::cout << "The tutorial's SimpleNN after model->to(" << device << "):\n";
+  const SimpleNN simple = tutorial_model(device);
+  bool simple_moved = true;
+  for (const auto& p : simple->parameters()) simple_moved &= p.device() == device;
+  verdict.check(simple_moved, "every parameter of the tutorial's SimpleNN is on " + device.str());
+
+  std::cout << "\nThe lesson's model, with BatchNorm's buffers:\n";
   Net model;
   model->eval();  // BatchNorm uses its running statistics: outputs are comparable across devices
   const torch::Tensor batch = torch::randn({kBatch, kInputs});

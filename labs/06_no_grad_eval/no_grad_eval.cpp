@@ -1,6 +1,8 @@
 // Lesson 06 — evaluation without a graph: eval(), NoGradGuard and InferenceMode.
 //
 // You will learn:
+//   - the tutorial's evaluation loop, line for line: model->eval(), a NoGradGuard for
+//     `with torch.no_grad():`, each batch moved, torch::max(outputs, 1), the test accuracy;
 //   - model->eval() changes what layers DO (dropout stops dropping, batch norm uses its running
 //     statistics); it does not stop autograd;
 //   - torch::NoGradGuard stops autograd from recording: outputs have no grad_fn, intermediate
@@ -11,23 +13,25 @@
 //     allocator) and time.
 //
 // Run:    build/bin/lesson06_no_grad_eval [--device ...] [--data-dir DIR] [--quick]
-// Checks: outputs under no_grad and inference mode carry no graph; the inference tensor is
+// Checks: the tutorial's loop records no graph and its accuracy is the one a pass with grad
+//         gives; outputs under no_grad and inference mode carry no graph; the inference tensor is
 //         refused by autograd; the no-grad peak memory is below the with-grad peak; in train
 //         mode dropout makes outputs differ, in eval mode they are identical.
 //         Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
-#include <torch/torch.h>  // defines: torch::NoGradGuard, c10::InferenceMode, torch::nn
+#include <torch/torch.h>  // defines: torch::NoGradGuard, c10::InferenceMode, torch::nn, torch::data
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/cli.h"      // defines: Cli, start_lesson (it installs the CPU memory meter)
 #include "common/data.h"     // defines: load_fashion_mnist
+#include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/device.h"   // defines: format_bytes
 #include "common/memory.h"   // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
 #include "common/timing.h"   // defines: Timing, time_median, describe, looks_busy
@@ -37,61 +41,96 @@ namespace lesson06 {
 
 // ---- knobs -----------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 6;
+constexpr std::int64_t kBatchSize = 64;       // the tutorial's DataLoader(test_ds, batch_size=64)
 constexpr double kDropout = 0.2;              // probability of zeroing an activation in training
 constexpr std::int64_t kQuickSamples = 2000;  // --quick evaluates this many test images
-constexpr std::int64_t kEvalBatch = 500;      // images per forward pass of the evaluation
+constexpr std::int64_t kEvalBatch = 500;      // images per forward pass of the measured passes
 constexpr int kTimedRuns = 7;                 // median of this many passes, after 2 warm-ups
 
-/// The lesson 05 MLP with dropout after each hidden layer.
-struct ClassifierImpl : torch::nn::Module {
-  ClassifierImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(28 * 28, 128));
-    fc2 = register_module("fc2", torch::nn::Linear(128, 64));
-    fc3 = register_module("fc3", torch::nn::Linear(64, 10));
-    drop = register_module("drop", torch::nn::Dropout(kDropout));
-  }
+// ---- 1. The tutorial's evaluation ---------------------------------------------------------------
+/// Lesson 05's ANN (the tutorial's: fc1, fc2, out), with dropout after each hidden layer.
+struct ANNImpl : torch::nn::Module {
+  ANNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+        out(register_module("out", torch::nn::Linear(64, 10))),
+        drop(register_module("drop", torch::nn::Dropout(kDropout))) {}
 
   //! [forward]
   torch::Tensor forward(const torch::Tensor& x) {
-    // One statement per layer, not fc3(drop(relu(fc2(...)))): C++ keeps every temporary of an
+    // One statement per layer, not out(drop(relu(fc2(...)))): C++ keeps every temporary of an
     // expression alive until the end of the statement, so a nested call would hold all the
     // activations at once even when nothing needs them any more.
-    torch::Tensor h = torch::relu(fc1(x));
+    torch::Tensor h = x.view({x.size(0), -1});  // [B, 1, 28, 28] -> [B, 784]
+    h = torch::relu(fc1(h));
     h = drop(h);
     h = torch::relu(fc2(h));
     h = drop(h);
-    return fc3(h);
+    return out(h);
   }
   //! [forward]
 
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::Dropout drop;
 };
-TORCH_MODULE(Classifier);
+TORCH_MODULE(ANN);
 
-/// How an evaluation pass is run.
-enum class Mode { kGrad, kNoGrad, kInference };
-
-const char* mode_name(Mode mode) {
-  switch (mode) {
-    case Mode::kGrad:
-      return "with grad";
-    case Mode::kNoGrad:
-      return "NoGradGuard";
-    case Mode::kInference:
-      return "InferenceMode";
-  }
-  return "?";
+// DataLoader(test_ds, batch_size=64), as lesson 05 builds it: the samples in order, on the host.
+using TestLoader = torch::data::StatelessDataLoader<
+    torch::data::datasets::MapDataset<course::FashionMNIST, torch::data::transforms::Stack<>>,
+    torch::data::samplers::SequentialSampler>;
+std::unique_ptr<TestLoader> make_test_loader(course::FashionMNIST test_ds) {
+  return torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+      std::move(test_ds).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions().batch_size(kBatchSize));
 }
+
+/// What the tutorial's loop found.
+struct Evaluation {
+  double accuracy = 0;
+  bool recorded_graph = false;  ///< some batch's outputs asked for gradients (a graph was built)
+};
+
+//! [tutorial]
+Evaluation tutorial_evaluate(ANN& model, TestLoader& test_loader, const torch::Device& device) {
+  Evaluation result;
+  model->eval();
+  std::int64_t correct = 0;
+  std::int64_t total = 0;
+  {  // with torch.no_grad(): the guard records nothing until the end of this block
+    // TODO(lab 06.1): turn gradient recording off for the evaluation, as `with torch.no_grad():` does
+    throw std::logic_error("lab 06.1 is not done: turn gradient recording off for the evaluation, as `with torch.no_grad():` does");
+    for (auto& [features, labels] : test_loader) {
+      features = features.to(device);
+      labels = labels.to(device);
+
+      torch::Tensor outputs = model->forward(features);
+      auto [values, predicted] = torch::max(outputs, /*dim=*/1);  // _, predicted = ...
+
+      correct += (predicted == labels).sum().item<std::int64_t>();
+      total += labels.size(0);
+      result.recorded_graph |= outputs.requires_grad();  // the lesson's check, not the tutorial's
+    }
+  }
+  result.accuracy = static_cast<double>(correct) / static_cast<double>(total);
+  std::printf("Test Accuracy: %.4f\n", result.accuracy);
+  return result;
+}
+//! [tutorial]
+
+// ---- 2. Three ways to run the same pass, measured ----------------------------------------------
+/// How an evaluation pass is run. (`enum class`: a type of its own, whose values are written
+/// Mode::kGrad and so on.)
+enum class Mode { kGrad, kNoGrad, kInference };
 
 /// Evaluates `images` batch by batch under `mode` and returns the logits of all of them, as an
 /// evaluation loop that collects predictions does (the model's train/eval state is left as is).
 //! [modes]
-torch::Tensor evaluate_in_mode(Classifier& model, const torch::Tensor& images, Mode mode) {
+torch::Tensor evaluate_in_mode(ANN& model, const torch::Tensor& images, Mode mode) {
   std::optional<torch::NoGradGuard> no_grad;    // records nothing while it lives
   std::optional<c10::InferenceMode> inference;  // no_grad, and no version counters either
-  // TODO(lab 06.1): switch on the guard that `mode` asks for (no_grad or inference)
-  throw std::logic_error("lab 06.1 is not done: switch on the guard that `mode` asks for (no_grad or inference)");
+  // TODO(lab 06.2): switch on the guard that `mode` asks for (no_grad or inference)
+  throw std::logic_error("lab 06.2 is not done: switch on the guard that `mode` asks for (no_grad or inference)");
   std::vector<torch::Tensor> logits;
   for (std::int64_t start = 0; start < images.size(0); start += kEvalBatch) {
     // With grad, each batch's logits hold its graph, and the graph holds every activation that
@@ -113,14 +152,13 @@ struct PassFacts {
 };
 
 /// Runs the pass in eval mode after one warm-up batch, measuring peak memory with common/'s
-/// meter and time.
-PassFacts measure_pass(Classifier& model, const torch::Tensor& x, Mode mode,
-                       const torch::Device& device, int timed_runs = kTimedRuns) {
-  course::install_counting_cpu_allocator();
+/// meter (on the CPU, the counting allocator start_lesson installs) and time.
+PassFacts measure_pass(ANN& model, const torch::Tensor& x, Mode mode, const torch::Device& device,
+                       int timed_runs = kTimedRuns) {
   model->eval();
   PassFacts facts;
-  // Warm up first: the first matmul on a CUDA device creates cuBLAS's handle and its workspace
-  // (32 MiB on sm_90), which would be charged to whichever mode is measured first.
+  // Warm up first: the first matmul on a CUDA device creates cuBLAS's handle and its workspace,
+  // which would be charged to whichever mode is measured first.
   evaluate_in_mode(model, x.slice(0, 0, kEvalBatch), mode);
   {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());  // torch.cuda.synchronize()
@@ -143,7 +181,7 @@ PassFacts measure_pass(Classifier& model, const torch::Tensor& x, Mode mode,
 /// Feeds an inference-mode output back into autograd and returns LibTorch's error message
 /// (empty if, against the rules, no error was raised).
 //! [inference-error]
-std::string inference_tensor_error(Classifier& model, const torch::Tensor& x) {
+std::string inference_tensor_error(ANN& model, const torch::Tensor& x) {
   torch::Tensor logits;
   {
     c10::InferenceMode inference;
@@ -152,7 +190,7 @@ std::string inference_tensor_error(Classifier& model, const torch::Tensor& x) {
   try {
     // Scaling by a trainable weight saves `logits` for backward: not allowed for inference
     // tensors. Use NoGradGuard (or logits.clone() outside inference mode) for such outputs.
-    const torch::Tensor loss = (logits * model->fc3->bias.sum()).sum();
+    const torch::Tensor loss = (logits * model->out->bias.sum()).sum();
     loss.backward();
   } catch (const c10::Error& error) {
     return course::error_message(error);
@@ -163,7 +201,7 @@ std::string inference_tensor_error(Classifier& model, const torch::Tensor& x) {
 
 /// Two forward passes of the same input: are the outputs identical?
 //! [dropout]
-bool repeat_is_identical(Classifier& model, const torch::Tensor& x, bool train_mode) {
+bool repeat_is_identical(ANN& model, const torch::Tensor& x, bool train_mode) {
   if (train_mode) {
     model->train();  // dropout zeroes a random 20% of activations (and scales the rest)
   } else {
@@ -175,27 +213,38 @@ bool repeat_is_identical(Classifier& model, const torch::Tensor& x, bool train_m
 //! [dropout]
 
 // ---- the program's steps (main, below, runs them in order) --------------------------------------
-// measure_pass() in each mode, in the order of Mode, with
-// one row of the table printed for each.
-std::array<PassFacts, 3> measure_modes(Classifier& model, const torch::Tensor& x,
-                                       const torch::Device& device) {
+/// The three passes' facts, one for each Mode.
+struct ModeFacts {
+  PassFacts grad, no_grad, inference;
+};
+
+// One row of the table: what a pass in mode `name` produced and cost.
+void print_row(const char* name, const PassFacts& f) {
+  std::printf("%-15s %-14s %-8s %-10s %-12s %-11s %s\n", name, f.requires_grad ? "true" : "false",
+              f.has_grad_fn ? "yes" : "none", f.is_inference ? "yes" : "no",
+              course::format_bytes(static_cast<double>(f.peak_bytes)).c_str(),
+              course::format_bytes(static_cast<double>(f.kept_bytes)).c_str(),
+              course::describe_ms(f.time).c_str());
+}
+
+// measure_pass() in each mode, with one row of the table printed for each.
+ModeFacts measure_modes(ANN& model, const torch::Tensor& x, const torch::Device& device) {
   std::cout << "mode            requires_grad  grad_fn  inference  peak memory  held after  "
                "time: median (fastest-slowest)\n";
-  std::array<PassFacts, 3> facts;
-  bool busy = false;
-  for (Mode mode : {Mode::kGrad, Mode::kNoGrad, Mode::kInference}) {
-    PassFacts& f = facts[static_cast<int>(mode)];
-    f = measure_pass(model, x, mode, device);
-    std::printf("%-15s %-14s %-8s %-10s %-12s %-11s %s\n", mode_name(mode),
-                f.requires_grad ? "true" : "false", f.has_grad_fn ? "yes" : "none",
-                f.is_inference ? "yes" : "no",
-                course::format_bytes(static_cast<double>(f.peak_bytes)).c_str(),
-                course::format_bytes(static_cast<double>(f.kept_bytes)).c_str(),
-                course::describe_ms(f.time).c_str());
-    busy = busy || course::looks_busy(f.time);
+  ModeFacts m;
+  m.grad = measure_pass(model, x, Mode::kGrad, device);
+  print_row("with grad", m.grad);
+  m.no_grad = measure_pass(model, x, Mode::kNoGrad, device);
+  print_row("NoGradGuard", m.no_grad);
+  m.inference = measure_pass(model, x, Mode::kInference, device);
+  print_row("InferenceMode", m.inference);
+  for (const PassFacts* f : {&m.grad, &m.no_grad, &m.inference}) {
+    if (course::looks_busy(f->time)) {
+      std::cout << course::busy_note() << "\n";
+      break;
+    }
   }
-  if (busy) std::cout << course::busy_note() << "\n";
-  return facts;
+  return m;
 }
 
 // "<no-grad peak> vs <with-grad peak>, <ratio>x less": the evidence of the memory check.
@@ -227,17 +276,25 @@ int main(int argc, char** argv) try {
   course::ImageSet test =
       course::load_fashion_mnist(course::find_fashion_mnist(options.data_dir), false);
   const std::int64_t n = options.quick ? kQuickSamples : test.labels.size(0);
-  const torch::Tensor x = test.images.slice(0, 0, n).reshape({n, 28 * 28}).to(device);
   torch::manual_seed(options.seed);
-  Classifier model;
+  ANN model;
   model->to(device);
-  std::cout << "Evaluating " << n << " test images in batches of " << kEvalBatch << " on " << device
-            << ", keeping the logits\n\n";
 
-  const std::array<PassFacts, 3> facts = measure_modes(model, x, device);
-  const PassFacts& grad = facts[0];
-  const PassFacts& no_grad = facts[1];
-  const PassFacts& inference = facts[2];
+  std::cout << "The tutorial's evaluation (tutorial 000, part 5) of an untrained ANN, " << n
+            << " test images on " << device << ":\n";
+  auto test_loader = make_test_loader(course::FashionMNIST(
+      course::ImageSet{test.images.slice(0, 0, n), test.labels.slice(0, 0, n)}));
+  const Evaluation evaluation = tutorial_evaluate(model, *test_loader, device);
+  verdict.check(!evaluation.recorded_graph,
+                "the tutorial's loop, under NoGradGuard, records no graph");
+
+  const torch::Tensor x = test.images.slice(0, 0, n).reshape({n, 28 * 28}).to(device);
+  std::cout << "\nThe same images in batches of " << kEvalBatch
+            << ", three ways, keeping the logits:\n";
+  const ModeFacts facts = measure_modes(model, x, device);
+  const PassFacts& grad = facts.grad;
+  const PassFacts& no_grad = facts.no_grad;
+  const PassFacts& inference = facts.inference;
   std::cout << "\n";
   verdict.check(grad.requires_grad && grad.has_grad_fn,
                 "with grad (even in eval mode) the output heads a graph");

@@ -1,23 +1,31 @@
 // Lesson 01 — device check: what does this machine offer, and where will the course run?
 //
 // You will learn:
+//   - the tutorials' device choice, line for line: torch::cuda::is_available() picks "cuda" or
+//     "cpu", the program says which (and names the GPU), and a first tensor goes there;
 //   - how to ask LibTorch which version it is and whether it was built with CUDA;
 //   - how many GPUs it sees, and each GPU's name, compute capability and memory;
-//   - how the course turns --device auto|cpu|cuda|cuda:N into a torch::Device, falling back
-//     to the CPU (with the reason printed) when no GPU is usable;
+//   - how the course turns --device auto|cpu|cuda|cuda:N into a torch::Device (auto is the
+//     tutorials' choice), falling back to the CPU (with the reason printed) when no GPU is usable;
 //   - that work on the chosen device gives the same numbers as on the CPU.
 //
 // Run:    build/bin/lesson01_device_check [--device auto|cpu|cuda|cuda:N]
-// Checks: a matmul on the chosen device matches the CPU within kProbeTolerance (relative), and
-//         the GPU count agrees with the GPUs listed. Exit 0 PASS, 1 FAIL, 2 bad flag
-//         (an unknown device, or a GPU index past the count).
-#include <torch/torch.h>    // defines: torch::cuda, torch::mm, torch::randn
+// Checks: the tutorials' device is the one --device auto picks and their tensor lands there; a
+//         matmul on the chosen device matches the CPU within kProbeTolerance (relative); the GPU
+//         count agrees with the GPUs listed. Exit 0 PASS, 1 FAIL, 2 bad flag (an unknown device,
+//         or a GPU index past the count).
+#include <torch/torch.h>    // defines: torch::cuda, torch::Device, torch::mm, torch::randn
 #include <torch/version.h>  // defines: TORCH_VERSION
 
 #include <cstdint>
 #include <iostream>
 #include <string>
 #include <vector>
+
+// GPU_LESSONS_WITH_CUDA: CMake defines it when this LibTorch has CUDA.
+#ifdef GPU_LESSONS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>  // defines: at::cuda::getDeviceProperties
+#endif
 
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/compare.h"  // defines: max_rel_diff, tolerance_for
@@ -32,7 +40,41 @@ constexpr std::int64_t kProbeSize = 512;  // side of the square matmul run on th
 // An fp32 matmul on two devices: the same sums in another order (common/compare.h says why 1e-5).
 constexpr double kProbeTolerance = course::tolerance_for(torch::kFloat);
 
-// ---- what LibTorch knows -----------------------------------------------------------------------
+// ---- 1. The tutorials' device check ------------------------------------------------------------
+// torch.cuda.get_device_name(i): LibTorch's C++ API has no such function; Python's reads the name
+// from the GPU's properties, which ATen's CUDA context holds (only a CUDA LibTorch has them).
+std::string get_device_name(int index) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  return at::cuda::getDeviceProperties(index)->name;
+#else
+  return "no GPU " + std::to_string(index) + ": this LibTorch was built without CUDA";
+#endif
+}
+
+//! [tutorial]
+torch::Device choose_device() {
+  // The line every tutorial starts with: the GPU if there is one, else the CPU.
+  const torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  std::cout << "Using device: " << device << "\n";
+  // Tutorial 000, step 1: say where the training will run, naming the GPU.
+  if (torch::cuda::is_available()) {
+    std::cout << "Training on GPU: " << get_device_name(0) << "\n";
+  } else {
+    std::cout << "Training on CPU (GPU not available)\n";
+  }
+  return device;
+}
+
+torch::Tensor first_tensor(const torch::Device& device) {
+  // Tutorial 001, "CUDA tensors": create a tensor (on the CPU), then move it to the device.
+  torch::Tensor tensor = torch::randn({5, 5});
+  tensor = tensor.to(device);
+  std::cout << "tensor.device: " << tensor.device() << "\n";
+  return tensor;
+}
+//! [tutorial]
+
+// ---- 2. What LibTorch knows --------------------------------------------------------------------
 /// What this LibTorch build and this machine offer.
 struct BuildInfo {
   std::string torch_version;    ///< TORCH_VERSION from torch/version.h
@@ -55,7 +97,7 @@ BuildInfo build_info() {
 }
 //! [build-info]
 
-// ---- how --device strings resolve --------------------------------------------------------------
+// ---- 3. How --device strings resolve -----------------------------------------------------------
 /// What one --device string turns into on this machine.
 struct Resolution {
   std::string spec;       ///< the string, e.g. "cuda:1"
@@ -82,7 +124,7 @@ std::vector<Resolution> resolve_examples() {
   return rows;
 }
 
-// ---- a first computation on the device ---------------------------------------------------------
+// ---- 4. A first computation on the device ------------------------------------------------------
 /// Multiplies two seeded random matrices on `device` and on the CPU; returns the largest
 /// absolute difference, relative to the largest CPU value.
 //! [probe]
@@ -102,6 +144,7 @@ double probe_device(const torch::Device& device, std::uint64_t seed) {
 }  // namespace lesson01
 
 // ---- main ---------------------------------------------------------------------------------------
+//! [main]
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson01.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   course::CommonOptions options;
@@ -111,7 +154,19 @@ int main(int argc, char** argv) try {
                   options);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
+  course::Verdict verdict;
+  //! [main]
 
+  std::cout << "\nThe tutorials' device check:\n";
+  const torch::Device tutorial_device = lesson01::choose_device();
+  const torch::Tensor tensor = lesson01::first_tensor(tutorial_device);
+  const torch::Device auto_device = course::resolve_device("auto").device;
+  verdict.check(tutorial_device.type() == auto_device.type(),
+                "the tutorials' device is the one --device auto picks", auto_device.str());
+  verdict.check(tensor.device().type() == tutorial_device.type(),
+                "the tutorial's tensor is on " + tutorial_device.str());
+
+  std::cout << "\n";
   const lesson01::BuildInfo info = lesson01::build_info();
   std::cout << "LibTorch " << info.torch_version
             << " | CUDA compiled in: " << (info.cuda_compiled ? "yes" : "no")
@@ -135,8 +190,6 @@ int main(int argc, char** argv) try {
   std::cout << "\nProbe: " << lesson01::kProbeSize << "x" << lesson01::kProbeSize << " matmul on "
             << device << " against the CPU\n";
   const double diff = lesson01::probe_device(device, options.seed);
-
-  course::Verdict verdict;
   verdict.check(diff <= lesson01::kProbeTolerance, "matmul on " + device.str() + " matches the CPU",
                 "max relative diff " + std::to_string(diff));
   verdict.check(static_cast<int>(gpus.size()) == info.gpu_count,

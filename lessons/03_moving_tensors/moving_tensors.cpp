@@ -1,6 +1,8 @@
 // Lesson 03 — moving tensors: what .to(device) copies, what it does not, and how fast.
 //
 // You will learn:
+//   - the tutorial's move, line for line: a tensor made on the CPU, .to(device), each device
+//     printed;
 //   - t.to(device) returns t itself (no copy) when t is already there; otherwise it copies into
 //     new memory on the device and leaves t untouched;
 //   - create tensors directly on the device (torch::randn(..., device)) rather than creating
@@ -13,14 +15,16 @@
 //     copy once and loop over an accessor, or better, let one tensor op do the whole loop.
 //
 // Run:    build/bin/lesson03_moving_tensors [--device auto|cpu|cuda|cuda:N] [--quick]
-// Checks: the facts above, each on the chosen device; the CUDA-only ones print
-//         "(skipped: needs CUDA)" on the CPU; the three sums of squares agree. Exit 0 PASS,
-//         1 FAIL, 2 bad flag.
+// Checks: the tutorial's tensor lands on the device (and is the same tensor when the device is
+//         the CPU, as the tutorial notes); the facts above, each on the chosen device (the
+//         CUDA-only ones print "(skipped: needs CUDA)" on the CPU); the three sums of squares
+//         agree. Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::Tensor, its .to(), torch::randn, pin_memory
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include "common/cli.h"      // defines: Cli, start_lesson
@@ -38,6 +42,25 @@ constexpr int kTimedRuns = 5;                  // median of this many, after one
 constexpr std::int64_t kLoopElements = 10000;  // the sum of squares computed three ways
 constexpr std::int64_t kLoopElementsQuick = 2000;
 
+// ---- 1. The tutorial's move --------------------------------------------------------------------
+/// The two tensors of the tutorial's lines.
+struct TutorialTensors {
+  torch::Tensor cpu_tensor, gpu_tensor;
+};
+
+//! [tutorial]
+TutorialTensors tutorial_move(const torch::Device& device) {
+  // Create a tensor on the CPU (the default)
+  torch::Tensor cpu_tensor = torch::randn({2, 3});
+  std::cout << "Original tensor device: " << cpu_tensor.device() << "\n";
+  // Move the tensor to the selected device
+  torch::Tensor gpu_tensor = cpu_tensor.to(device);
+  std::cout << "New tensor device: " << gpu_tensor.device() << "\n";
+  return {cpu_tensor, gpu_tensor};
+}
+//! [tutorial]
+
+// ---- 2. What .to() copies ----------------------------------------------------------------------
 /// What .to() gave back.
 struct MoveFacts {
   bool same_tensor = false;   ///< the very same tensor object came back: no copy at all
@@ -45,11 +68,11 @@ struct MoveFacts {
   bool equal_values = false;  ///< the result holds the same numbers
 };
 
-namespace {
+namespace {  // compare() is this file's own helper: no other file can call it
 MoveFacts compare(const torch::Tensor& original, const torch::Tensor& result) {
   MoveFacts facts;
-  facts.same_tensor = result.is_same(original);
-  facts.new_storage = result.data_ptr() != original.data_ptr();
+  facts.same_tensor = result.is_same(original);  // the two handles name one tensor object
+  facts.new_storage = result.data_ptr() != original.data_ptr();  // the numbers' addresses differ
   facts.equal_values = torch::equal(result.to(torch::kCPU), original.to(torch::kCPU));
   return facts;
 }
@@ -116,7 +139,7 @@ double copy_bandwidth(const torch::Device& device, std::int64_t bytes, bool pinn
   return static_cast<double>(bytes) / timing.median_s / 1e9;
 }
 
-// ---- one computation, three ways ----------------------------------------------------------------
+// ---- 3. One computation, three ways ------------------------------------------------------------
 /// The sum of x[i]² over a 1-D float tensor, with a C++ loop that reads each element with
 /// `.item()`: one small copy to the host (and, on a GPU, one wait for it) per element.
 //! [item-loop]
@@ -177,22 +200,24 @@ void print_creation_and_copies(const torch::Device& device, std::int64_t bytes,
 void compare_three_ways(const torch::Device& device, std::int64_t n, course::Verdict& verdict) {
   torch::manual_seed(kSeed);
   const torch::Tensor x = torch::rand({n}).to(device);
-  struct Way {
-    const char* name;
-    double (*sum)(const torch::Tensor&);
-  };
-  const Way ways[] = {{"loop, .item() per element", sum_of_squares_item_loop},
-                      {"copy once, loop over an accessor", sum_of_squares_accessor_loop},
-                      {"one tensor op", sum_of_squares_vectorized}};
   std::cout << "\nThe sum of x[i]^2 over " << n << " numbers on " << device << ", three ways:\n";
-  double results[3], seconds[3];
+  // Each way is timed alike: one warm-up run, then the median of kTimedRuns.
+  auto time_way = [&](const std::function<void()>& way) {
+    return course::time_median(way, device, /*warmup=*/1, kTimedRuns);
+  };
+  double results[3];
+  const course::Timing times[3] = {time_way([&] { results[0] = sum_of_squares_item_loop(x); }),
+                                   time_way([&] { results[1] = sum_of_squares_accessor_loop(x); }),
+                                   time_way([&] { results[2] = sum_of_squares_vectorized(x); })};
+  const char* names[3] = {"loop, .item() per element", "copy once, loop over an accessor",
+                          "one tensor op"};
+  double seconds[3];
   bool busy = false;
   for (int w = 0; w < 3; ++w) {
-    const course::Timing t = course::time_median([&] { results[w] = ways[w].sum(x); }, device,
-                                                 /*warmup=*/1, kTimedRuns);
-    seconds[w] = t.median_s;
-    busy = busy || course::looks_busy(t);
-    std::printf("  %-34s %-34s = %.6f\n", ways[w].name, course::describe_ms(t).c_str(), results[w]);
+    seconds[w] = times[w].median_s;
+    busy = busy || course::looks_busy(times[w]);
+    std::printf("  %-34s %-34s = %.6f\n", names[w], course::describe_ms(times[w]).c_str(),
+                results[w]);
   }
   if (busy) std::cout << course::busy_note() << "\n";
   std::printf("  the loop with .item() took %.0fx the time of the tensor op\n",
@@ -218,6 +243,17 @@ int main(int argc, char** argv) try {
   const torch::Device device = course::start_lesson(options);
   const bool cuda = device.is_cuda();
   course::Verdict verdict;
+
+  std::cout << "The tutorial's move (tutorial 003, part 1.2):\n";
+  const TutorialTensors tutorial = tutorial_move(device);
+  verdict.check(tutorial.gpu_tensor.device() == device &&
+                    torch::equal(tutorial.gpu_tensor.to(torch::kCPU), tutorial.cpu_tensor),
+                "the tutorial's tensor is on " + device.str() + " with the same numbers");
+  if (!cuda) {
+    verdict.check(tutorial.gpu_tensor.is_same(tutorial.cpu_tensor),
+                  "as the tutorial notes, .to(cpu) returns the original tensor, without a copy");
+  }
+  std::cout << "\n";
 
   const MoveFacts same = to_same_device(device);
   verdict.check(same.same_tensor,

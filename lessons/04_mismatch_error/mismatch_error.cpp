@@ -1,17 +1,20 @@
 // Lesson 04 — the device-mismatch error: what it says, why it happens, and the fix.
 //
 // You will learn:
+//   - the tutorial's golden rule, line for line: a CPU tensor added to a tensor on the device
+//     throws, the C++ catch prints LibTorch's own message, and .to(device) fixes it;
 //   - every operation runs on ONE device; give it tensors on two devices and LibTorch stops
 //     with "Expected all tensors to be on the same device, but found at least two devices";
-//   - the usual cause: the model was moved to the GPU, the batch was not;
-//   - the fix: move each batch to the model's device (or create it there);
+//   - the usual cause in a program: the model was moved to the GPU, the batch was not; the fix:
+//     move each batch to the model's device (or create it there);
 //   - on a machine without a GPU, the meta device (shapes without data) raises the same error,
 //     so the lesson shows the real message everywhere; on a GPU it shows the CPU/CUDA case.
 //
 // Run:    build/bin/lesson04_mismatch_error [--device auto|cpu|cuda|cuda:N]
-// Checks: the CPU batch raises the mismatch error, the HINT names the fix, and the moved batch
-//         gives an output of the right shape on the model's device. Exit 0 PASS, 1 FAIL,
-//         2 bad flag.
+// Checks: the tutorial's sum of a CPU and a device tensor raises the mismatch error and runs
+//         once both are on the device; the CPU batch fed to the model raises it too, the HINT
+//         names the fix, and the moved batch gives an output of the right shape on the model's
+//         device. Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn::Module, torch::addmm, c10::Error
 
 #include <cstdint>
@@ -31,8 +34,51 @@ constexpr std::int64_t kBatch = 8;
 /// The stable part of LibTorch's message when an op mixes devices (1.13 and 2.x).
 constexpr const char* kMismatchText = "Expected all tensors to be on the same device";
 
+// ---- 1. The tutorial's golden rule -------------------------------------------------------------
+/// What the tutorial's lines did.
+struct GoldenRule {
+  bool demonstrated = false;  ///< the mismatch was tried (the device is not the CPU)
+  std::string error;          ///< LibTorch's message, without its C++ backtrace
+  torch::Tensor result;       ///< the sum after the fix (undefined when not demonstrated)
+};
+
+//! [golden-rule]
+GoldenRule golden_rule(const torch::Device& device) {
+  GoldenRule rule;
+  // Create one tensor on the CPU and one on the device
+  torch::Tensor tensor_cpu = torch::randn({3, 4});
+  torch::Tensor tensor_gpu = torch::randn({3, 4}).to(device);
+  std::cout << "Device of tensor_cpu: " << tensor_cpu.device() << "\n";
+  std::cout << "Device of tensor_gpu: " << tensor_gpu.device() << "\n";
+
+  // The tutorial asks `device.type == 'cuda'`; any device but the CPU shows the error (main
+  // passes the meta device where there is no GPU).
+  if (device.type() != torch::kCPU) {
+    rule.demonstrated = true;
+    try {
+      torch::Tensor result = tensor_cpu + tensor_gpu;  // This throws
+    } catch (const c10::Error& e) {
+      // Python: except RuntimeError as e. The message without LibTorch's C++ backtrace:
+      rule.error = e.what_without_backtrace();
+      std::cout << "\nError encountered: " << rule.error << "\n";
+      std::cout << "This error occurred because the two tensors are on different devices.\n";
+    }
+    // The fix: move the CPU tensor to the device before the operation
+    torch::Tensor tensor_cpu_on_gpu = tensor_cpu.to(device);
+    rule.result = tensor_cpu_on_gpu + tensor_gpu;
+    std::cout << "\nSuccessfully performed the operation after moving both tensors to device: "
+              << rule.result.device() << "\n";
+  } else {
+    std::cout << "\nSkipping device mismatch error demo as no GPU is available.\n";
+  }
+  return rule;
+}
+//! [golden-rule]
+
+// ---- 2. The same mistake in a program: a model on the device, a batch on the CPU ---------------
 /// A classifier that standardizes its input with stored statistics (buffers), then applies a
 /// linear layer. Its state can be created on any device, the meta device included.
+//! [model]
 struct ClassifierImpl : torch::nn::Module {
   ClassifierImpl(std::int64_t features, std::int64_t classes,
                  const torch::Device& device = torch::kCPU) {
@@ -46,7 +92,7 @@ struct ClassifierImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     // The first op that sees both x and the model's state is where a mismatch is caught.
     const torch::Tensor z = (x - mean) / scale;
-    return torch::addmm(bias, z, weight.t());
+    return torch::addmm(bias, z, weight.t());  // bias + z @ weight.T: what nn.Linear computes
   }
 
   torch::Tensor mean, scale, weight, bias;
@@ -67,18 +113,19 @@ Classifier make_model(const torch::Device& model_device) {
   model->to(model_device);
   return model;
 }
+//! [model]
 
 /// The device of a model's parameters.
 torch::Device device_of(Classifier& model) { return model->parameters().front().device(); }
 
-/// The outcome of one forward pass.
+/// The outcome of one forward pass: its output, or the error it threw.
 struct Attempt {
   bool threw = false;
   std::string message;   ///< first line of the error, no backtrace
   torch::Tensor output;  ///< defined when it ran
 };
 
-namespace {
+namespace {  // attempt() is this file's own helper: no other file can call it
 Attempt attempt(Classifier& model, const torch::Tensor& batch) {
   Attempt result;
   try {
@@ -132,8 +179,21 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
-
   torch::manual_seed(options.seed);
+
+  std::cout << "The tutorial's golden rule (tutorial 003, part 2.1), on " << device << ":\n";
+  GoldenRule rule = golden_rule(device);
+  if (!rule.demonstrated) {
+    std::cout << "\nThe same lines with the meta device (shapes, no numbers) in the GPU's place:\n";
+    rule = golden_rule(torch::Device(torch::kMeta));
+  }
+  const std::string on = rule.result.device().str();
+  verdict.check(rule.error.find(kMismatchText) != std::string::npos,
+                "tensor_cpu + tensor_gpu (on " + on + ") raises the mismatch error");
+  verdict.check(!rule.result.is_cpu() && rule.result.sizes() == torch::IntArrayRef({3, 4}),
+                "the sum runs once both tensors are on " + on);
+
+  std::cout << "\nThe same mistake in a program: a model on the device, a batch on the CPU\n";
   const torch::Device model_device = model_device_for(device);
   Classifier model = make_model(model_device);
   if (model_device.is_meta()) {
@@ -156,12 +216,12 @@ int main(int argc, char** argv) try {
   const Attempt fixed = feed_moved_batch(model);
   const bool right_shape =
       !fixed.threw && fixed.output.sizes() == torch::IntArrayRef({kBatch, kClasses});
+  std::string shape = "none";
+  if (!fixed.threw) {
+    shape = std::to_string(fixed.output.size(0)) + "x" + std::to_string(fixed.output.size(1));
+  }
   verdict.check(right_shape && fixed.output.device() == model_device,
-                "the moved batch runs: output " +
-                    (fixed.threw ? std::string("none")
-                                 : std::to_string(fixed.output.size(0)) + "x" +
-                                       std::to_string(fixed.output.size(1))) +
-                    " on " + model_device.str());
+                "the moved batch runs: output " + shape + " on " + model_device.str());
   if (model_device.is_meta()) {
     std::cout << "  (meta tensors carry shapes and dtypes but no numbers: nothing to print)\n";
   } else {

@@ -1,22 +1,21 @@
 // Lesson 07 — memory management: measure it, free it, and survive running out of it.
 //
 // You will learn:
-//   - to read a device's memory: allocated (held by live tensors), reserved (held by the
-//     allocator: on CUDA, allocated plus its cache), their peaks, the number of allocations;
-//   - what one training step costs, and how it grows with the batch: the activations the graph
-//     keeps for backward are most of it;
-//   - to read them with the caching allocator's own API (Python's torch.cuda.memory_allocated()
-//     and friends are c10::cuda::CUDACachingAllocator::getDeviceStats in C++);
-//   - freeing a tensor returns its memory to the allocator, not to the device: on CUDA
-//     "reserved" stays until emptyCache() (torch.cuda.empty_cache());
-//   - out of memory is an exception (c10::OutOfMemoryError) you can catch and recover from by
-//     retrying with a smaller batch. On the CPU the lesson enforces a memory budget with its
-//     counting allocator, so the same loop runs (and is tested) without a GPU.
+//   - the tutorial's tips, line for line: a large tensor deleted (in C++: its last handle let go),
+//     torch.cuda.empty_cache(), the memory read before and after, nvidia-smi to watch it;
+//   - to read allocated memory (held by live tensors) and reserved (held by the allocator: on
+//     CUDA, allocated plus its cache), their peaks and the allocations, with the caching
+//     allocator's own API (torch.cuda.memory_allocated() is CUDACachingAllocator::getDeviceStats);
+//   - what a training step costs, and how it grows with the batch (the activations kept for
+//     backward); a freed tensor's memory goes back to the allocator, not the device;
+//   - out of memory is an exception (c10::OutOfMemoryError) to catch and recover from with a
+//     smaller batch. On the CPU a budget on the course's counting allocator stands in for a full
+//     GPU, so the same loop runs (and is tested) anywhere.
 //
 // Run:    build/bin/lesson07_memory_management [--device auto|cpu|cuda|cuda:N] [--quick]
-// Checks: peak memory grows with the batch size; freed memory returns to the baseline; the OOM
-//         loop ends on a batch that fits after at least one failure. Exit 0 PASS, 1 FAIL, 2 bad
-//         flag.
+// Checks: the deleted tensor's memory returns to the baseline; peak memory grows with the batch
+//         size; the OOM loop ends on a batch that fits after at least one failure. Exit 0 PASS,
+//         1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, c10::OutOfMemoryError
 #include <unistd.h>       // defines: getpid
 
@@ -26,6 +25,7 @@
 #include <string>
 #include <vector>
 
+// GPU_LESSONS_WITH_CUDA: CMake defines it when this LibTorch has CUDA.
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
 #endif
@@ -42,27 +42,62 @@ namespace lesson07 {
 constexpr std::uint64_t kSeed = 7;
 constexpr std::int64_t kHidden = 1024;  // wide enough that activations dominate a step's memory
 const std::vector<std::int64_t> kBatchSizes = {64, 256, 1024, 4096};
-constexpr std::int64_t kFreeBytes = 256 << 20;     // the tensor freed in the free/empty demo
+constexpr std::int64_t kFreeBytes = 256 << 20;     // my_large_tensor, in the tutorial's tips
 constexpr std::int64_t kCpuBudget = 256 << 20;     // CPU: allocations past this throw OOM
 constexpr std::int64_t kCpuOomStartBatch = 65536;  // CPU: first batch the OOM loop tries
 
-namespace {
 std::string mib(std::int64_t bytes) { return course::format_bytes(static_cast<double>(bytes)); }
-}  // namespace
 
+// ---- 1. The tutorial's memory tips -------------------------------------------------------------
+// torch.cuda.memory_allocated(), memory_reserved() and the rest: the caching allocator's own API,
+// in section 3 (declared here, so that the tutorial's part can come first).
+course::MemoryStats read_memory(const torch::Device& device);
+
+/// Allocated and reserved memory around the tutorial's lines.
+struct FreeFacts {
+  std::int64_t allocated_before = 0, allocated_with = 0, allocated_after = 0;
+  std::int64_t reserved_with = 0, reserved_after_free = 0, reserved_after_empty = 0;
+};
+
+//! [tutorial]
+FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
+  FreeFacts f;
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());  // torch.cuda.synchronize()
+  // torch.cuda.memory_allocated() and memory_reserved(), before, with and after the tensor
+  f.allocated_before = read_memory(device).allocated;
+  torch::Tensor my_large_tensor = torch::empty({bytes / 4}, torch::TensorOptions().device(device));
+  f.allocated_with = read_memory(device).allocated;
+  f.reserved_with = read_memory(device).reserved;
+
+  // del my_large_tensor: a C++ tensor dies with its last handle, at the end of the handle's scope
+  // or, as here, when the handle is emptied. Its block goes back to the allocator (CUDA keeps it).
+  my_large_tensor = torch::Tensor();
+  f.allocated_after = read_memory(device).allocated;
+  f.reserved_after_free = read_memory(device).reserved;
+
+  // >>> lab: return the allocator's unused cached blocks to the driver (torch.cuda.empty_cache())
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();  // torch.cuda.empty_cache()
+#endif
+  // <<< lab
+  f.reserved_after_empty = read_memory(device).reserved;
+  return f;
+}
+//! [tutorial]
+
+// ---- 2. A model and its training state ---------------------------------------------------------
 /// A wider MLP: 784 -> 1024 -> ReLU -> 1024 -> ReLU -> 10.
 struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(784, kHidden));
-    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kHidden));
-    fc3 = register_module("fc3", torch::nn::Linear(kHidden, 10));
-  }
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, kHidden))),
+        fc2(register_module("fc2", torch::nn::Linear(kHidden, kHidden))),
+        fc3(register_module("fc3", torch::nn::Linear(kHidden, 10))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor h = torch::relu(fc1(x));  // one statement per layer: see lesson 06
     h = torch::relu(fc2(h));
     return fc3(h);
   }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  torch::nn::Linear fc1, fc2, fc3;
 };
 TORCH_MODULE(Net);
 
@@ -74,7 +109,7 @@ std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
     bytes += p.nbytes();
     if (p.grad().defined()) bytes += p.grad().nbytes();
   }
-  for (const auto& entry : optimizer.state()) {
+  for (const auto& entry : optimizer.state()) {  // Adam's state, one entry per parameter
     const auto& adam = static_cast<const torch::optim::AdamParamState&>(*entry.second);
     bytes += adam.exp_avg().nbytes() + adam.exp_avg_sq().nbytes();
     if (adam.max_exp_avg_sq().defined()) bytes += adam.max_exp_avg_sq().nbytes();
@@ -82,7 +117,7 @@ std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
   return bytes;
 }
 
-// ---- reading the allocator -------------------------------------------------------------------
+// ---- 3. Reading the allocator ------------------------------------------------------------------
 /// The memory of `device`: on CUDA the caching allocator's statistics, read with its own API; on
 /// the CPU the course's counting allocator (common/memory.h), which LibTorch does not have.
 //! [read-memory]
@@ -124,8 +159,7 @@ void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t bat
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor x = torch::rand({batch, 784}, on);
   const torch::Tensor y = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  // set_to_none frees the gradients between steps (LibTorch 1.13 would otherwise zero them in
-  // place and keep them allocated); say it explicitly so both versions behave alike.
+  // set_to_none frees the gradients between steps (1.13's default keeps them, zeroed).
   model->zero_grad(/*set_to_none=*/true);
   torch::nn::functional::cross_entropy(model->forward(x), y).backward();
   optimizer.step();
@@ -140,6 +174,7 @@ struct StepMemory {
   double bytes_per_sample() const { return batch ? static_cast<double>(activations) / batch : 0; }
 };
 
+// ---- 4. What a step costs, and running out -----------------------------------------------------
 //! [measure-step]
 StepMemory measure_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
                         const torch::Device& device) {
@@ -164,36 +199,6 @@ StepMemory measure_step(Net& model, torch::optim::Optimizer& optimizer, std::int
   return result;
 }
 //! [measure-step]
-
-/// What freeing a tensor and emptying the cache do to allocated and reserved memory.
-struct FreeFacts {
-  std::int64_t allocated_before = 0, allocated_with = 0, allocated_after = 0;
-  std::int64_t reserved_with = 0, reserved_after_free = 0, reserved_after_empty = 0;
-};
-
-//! [free-empty]
-FreeFacts free_then_empty(const torch::Device& device, std::int64_t bytes) {
-  FreeFacts f;
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-  f.allocated_before = read_memory(device).allocated;
-  {
-    const torch::Tensor big = torch::empty({bytes / 4}, torch::TensorOptions().device(device));
-    const course::MemoryStats with = read_memory(device);
-    f.allocated_with = with.allocated;
-    f.reserved_with = with.reserved;
-  }  // `big` is freed here: its block goes back to the allocator...
-  const course::MemoryStats after = read_memory(device);
-  f.allocated_after = after.allocated;
-  f.reserved_after_free = after.reserved;  // ...which keeps it (CUDA)
-  // >>> lab: return the allocator's unused cached blocks to the driver (torch.cuda.empty_cache())
-#ifdef GPU_LESSONS_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();  // the CPU has no cache
-#endif
-  // <<< lab
-  f.reserved_after_empty = read_memory(device).reserved;
-  return f;
-}
-//! [free-empty]
 
 /// One try of the out-of-memory loop.
 struct OomAttempt {
@@ -243,16 +248,15 @@ void show_smi_view(const torch::Device& device) {
   }
   const course::MemoryStats mine = read_memory(device);
   const course::SmiView smi = course::smi_view(device);  // what nvidia-smi reads: NVML
-  if (!smi.available) {  // the driver's total and free, without the process list
+  if (!smi.available) {  // without NVML: the driver's total and free, without the processes
     const course::DeviceMemory dm = course::device_memory(device);
-    std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not << ")\n"
-              << "The driver's view (cudaMemGetInfo): " << mib(dm.total - dm.free) << " used of "
-              << mib(dm.total) << "; this process's allocator: " << mib(mine.reserved)
-              << " reserved, " << mib(mine.allocated) << " allocated\n";
-    return;
+    std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not
+              << ")\nThe driver: " << mib(dm.total - dm.free) << " used of " << mib(dm.total)
+              << "\n";
+  } else {
+    std::cout << "\nWhat nvidia-smi shows for " << device << ": " << mib(smi.used) << " used of "
+              << mib(smi.total) << ", by " << smi.processes.size() << " process(es):\n";
   }
-  std::cout << "\nWhat nvidia-smi shows for " << device << ": " << mib(smi.used) << " used of "
-            << mib(smi.total) << ", by " << smi.processes.size() << " process(es):\n";
   const course::GpuProcess* self = nullptr;
   for (const course::GpuProcess& p : smi.processes) {
     const bool me = p.pid == static_cast<unsigned>(getpid());
@@ -262,6 +266,7 @@ void show_smi_view(const torch::Device& device) {
   }
   std::cout << "This process's allocator: " << mib(mine.reserved) << " reserved, "
             << mib(mine.allocated) << " allocated\n";
+  if (!smi.available) return;  // no NVML: no process list to compare with
   if (self != nullptr && self->bytes >= 0) {
     std::cout << "  nvidia-smi counts " << mib(self->bytes - mine.reserved)
               << " more for this process: its CUDA context (the kernels' code, the runtime's and "
@@ -275,16 +280,13 @@ void show_smi_view(const torch::Device& device) {
 //! [smi-view]
 
 // ---- the program's steps (main, below, runs them in order) --------------------------------------
-// The training state against what the allocator holds after
-// the first step (on CUDA, also the cuBLAS workspaces and the device's total and free memory).
+// The training state against the allocator after the first step (on CUDA: cuBLAS, the device).
 void print_state(std::int64_t state, const course::MemoryStats& after_first_step,
                  const torch::Device& device) {
   std::cout << "Model and optimizer state: " << mib(state)
             << " in tensors (parameters, gradients, Adam's two moments)\n"
             << "The allocator after the first step: " << course::describe(after_first_step) << "\n";
   if (!device.is_cuda()) return;
-  // cuBLAS takes a workspace from the caching allocator for each thread and stream that runs a
-  // matmul: the main thread's forward, and the backward on autograd's own thread.
   std::cout << "  allocated beyond the state: " << mib(after_first_step.allocated - state)
             << ", cuBLAS's workspaces (one per thread and stream that ran a matmul: this "
                "thread's forward, autograd's thread's backward)\n";
@@ -340,7 +342,25 @@ int main(int argc, char** argv) try {
 
   torch::manual_seed(options.seed);
   Net model;
-  model->to(device);
+  model->to(device);  // on CUDA, the first tensor there also starts the caching allocator
+
+  std::cout << "The tutorial's memory tips (tutorial 003, parts 4.2 and 5), a " << mib(kFreeBytes)
+            << " tensor on " << device << ":\n";
+  const FreeFacts f = free_then_empty(device, kFreeBytes);
+  std::cout << "  allocated " << mib(f.allocated_before) << " -> " << mib(f.allocated_with)
+            << " -> after the delete " << mib(f.allocated_after) << "\n  reserved while alive "
+            << mib(f.reserved_with) << ", after the delete " << mib(f.reserved_after_free)
+            << ", after emptyCache " << mib(f.reserved_after_empty)
+            << (device.is_cuda() ? "" : "  (the CPU has no cache: reserved = allocated)") << "\n";
+  verdict.check(f.allocated_with - f.allocated_before >= kFreeBytes &&
+                    f.allocated_after == f.allocated_before,
+                "the deleted tensor's memory returns to the baseline");
+  std::cout << "  Watch it from a terminal: nvidia-smi, or watch -n 1 nvidia-smi (every second)"
+            << (device.is_cuda() ? ": this process is pid " + std::to_string(getpid())
+                                 : " (skipped: needs CUDA)")
+            << "\n\n";
+
+  reset_peak(device);  // the peaks from here on leave the tutorial's tensor out
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   train_step(model, optimizer, 8, device);  // Adam's state exists from here on
   const std::int64_t state = state_bytes(model, optimizer);
@@ -357,17 +377,6 @@ int main(int argc, char** argv) try {
                 mib(steps.front().peak) + " at " + std::to_string(steps.front().batch) + " to " +
                     mib(steps.back().peak) + " at " + std::to_string(steps.back().batch));
 
-  // ---- freeing a tensor, emptying the cache -----------------------------------------------------
-  const FreeFacts f = free_then_empty(device, kFreeBytes);
-  std::cout << "\nA " << mib(kFreeBytes) << " tensor: allocated " << mib(f.allocated_before)
-            << " -> " << mib(f.allocated_with) << " -> freed: " << mib(f.allocated_after)
-            << "\n  reserved while alive " << mib(f.reserved_with) << ", after the free "
-            << mib(f.reserved_after_free) << ", after emptyCache " << mib(f.reserved_after_empty)
-            << (device.is_cuda() ? "" : "  (the CPU has no cache: reserved = allocated)") << "\n";
-  verdict.check(f.allocated_with - f.allocated_before >= kFreeBytes &&
-                    f.allocated_after == f.allocated_before,
-                "freed memory returns to the baseline");
-
   // ---- out of memory, caught and recovered ------------------------------------------------------
   const std::int64_t start = oom_start_batch(device, steps.back().bytes_per_sample());
   std::cout << "\nOut of memory: start at batch " << start << ", halve until a step fits\n";
@@ -382,8 +391,7 @@ int main(int argc, char** argv) try {
                 std::to_string(attempts.size()) + " attempts, batch " +
                     std::to_string(attempts.back().batch));
 
-  // ---- what nvidia-smi shows
-  // ----------------------------------------------------------------------
+  // ---- what nvidia-smi shows ------------------------------------------------------------------
   show_smi_view(device);
   return verdict.finish("lesson 07 on " + device.str());
 } catch (...) {
