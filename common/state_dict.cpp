@@ -3,6 +3,7 @@
 
 #include <ATen/core/Dict.h>  // defines: c10::impl::GenericDict
 #include <torch/types.h>     // defines: torch::NoGradGuard
+#include <unistd.h>          // defines: access, W_OK
 #include <zlib.h>            // defines: crc32_z
 
 #include <algorithm>
@@ -104,6 +105,15 @@ StateDict read_python_state_dict(const std::string& path) {
                  "checked\n";
   }
   return tensors;
+}
+
+void check_writable(const std::string& path, const std::string& flag) {
+  const fs::path folder = fs::absolute(path.empty() ? "." : path).parent_path();
+  if (!path.empty() && (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)) {
+    throw CheckpointError(flag + " " + path + ": the folder " + folder.string() +
+                              " does not exist or is not writable",
+                          "create the folder first, or give " + flag + " another path");
+  }
 }
 
 void write_python_state_dict(const StateDict& tensors,

@@ -31,6 +31,11 @@ class CheckpointError : public CourseError {
   using CourseError::CourseError;
 };
 
+/// Throws CheckpointError naming `flag` when `path` (a file to be written; empty: none) lies in a
+/// folder that does not exist or that this process may not write into: found before the
+/// training, not after it.
+void check_writable(const std::string& path, const std::string& flag);
+
 /// Tensors by state_dict name ("fc1.weight", ...), in order: Python's model.state_dict().
 using StateDict = std::vector<std::pair<std::string, at::Tensor>>;
 

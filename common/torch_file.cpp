@@ -28,14 +28,6 @@ namespace course {
 
 namespace {
 
-// A fuzzing build (scripts/fuzz) lets inputs through a failed checksum, so that the fuzzer's
-// mutations reach the readers behind it instead of stopping at the first CRC they break.
-#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-constexpr bool kFuzzing = true;
-#else
-constexpr bool kFuzzing = false;
-#endif
-
 std::uint64_t little_endian(const std::string& bytes, std::size_t at, int size) {
   std::uint64_t value = 0;
   for (int i = size - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
@@ -456,7 +448,7 @@ std::string zip_refusal(TorchFile& file, CrcCheck crc) {
     const std::optional<std::string> found = record_bytes(zip, entry);
     if (!found) return false;
     bytes = *found;
-    return !check_crcs || (kFuzzing && !even_fuzzing) || crc_matches(bytes, entry);
+    return !check_crcs || (kFuzzingBuild && !even_fuzzing) || crc_matches(bytes, entry);
   };
   std::string bytes;
   for (const ZipEntry* id : records(".data/serialization_id")) {
@@ -506,7 +498,7 @@ std::string zip_refusal(TorchFile& file, CrcCheck crc) {
     const std::string refusal = check_pickle(bytes, storage_sizes(sizes, folder + '/'));
     if (!refusal.empty()) return refusal;
   }
-  if (crc == CrcCheck::kEveryRecord && check_crcs && !kFuzzing) {
+  if (crc == CrcCheck::kEveryRecord && check_crcs && !kFuzzingBuild) {
     for (const ZipEntry& entry : directory) {
       const std::optional<std::string> record = record_bytes(zip, entry);
       if (!record || !crc_matches(*record, entry)) {

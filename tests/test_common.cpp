@@ -24,10 +24,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/ann.h"
 #include "common/child_process.h"
 #include "common/cli.h"
 #include "common/compare.h"
 #include "common/data.h"
+#include "common/dataset.h"
 #include "common/device.h"
 #include "common/generator.h"
 #include "common/interrupt.h"
@@ -831,6 +833,48 @@ std::string refusal_of(const std::function<void()>& work) {
 // Tests that a state_dict written for Python reads back by the same names, in order, equal.
 // Tests that a TemporaryFolder is a new empty folder of its own, gone with all it holds (files
 // and folders in it) when its scope ends.
+TEST(Ann, TheTutorialsLayersNamesAndAccuracy) {
+  torch::manual_seed(0);
+  course::ANN model;
+  std::vector<std::string> names;
+  for (const auto& item : model->named_parameters()) names.push_back(item.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+                                             "out.weight", "out.bias"}));
+  course::ImageSet test{torch::rand({6, 28, 28}), torch::zeros({6}, torch::kLong)};
+  const torch::Tensor logits = model->forward(test.images);
+  ASSERT_EQ(logits.sizes(), (std::vector<std::int64_t>{6, 10}));
+  // Labels that agree with the model's choice on the first four images only: 4/6.
+  test.labels = std::get<1>(logits.max(1)).clone();
+  test.labels.slice(0, 4) = (test.labels.slice(0, 4) + 1) % 10;
+  model->train();
+  EXPECT_DOUBLE_EQ(course::test_accuracy(model, test, torch::kCPU), 4.0 / 6.0);
+  EXPECT_FALSE(model->is_training());
+}
+
+// Tests one epoch of the tutorial's loop: every batch is a step, the loss falls from one epoch to
+// the next, and a Ctrl-C ends the epoch after the step under way.
+TEST(Ann, OneEpochOfTheTutorialsLoopStopsOnCtrlC) {
+  torch::manual_seed(1);
+  const torch::Tensor images = torch::rand({256, 28, 28});
+  const course::FashionMNIST train(
+      course::ImageSet{images, torch::randint(10, {256}, torch::kLong)});
+  course::ANN model;
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto loader = course::make_train_loader(train, 64, 1);
+  const auto [steps, first_loss] = course::train_epoch(model, adam, *loader, torch::kCPU);
+  EXPECT_EQ(steps, 4);
+  EXPECT_TRUE(model->is_training());
+  EXPECT_LT(course::train_epoch(model, adam, *loader, torch::kCPU).second, first_loss);
+  course::StopOnInterrupt guard;
+  ::raise(SIGINT);
+  try {
+    course::train_epoch(model, adam, *loader, torch::kCPU);
+    ADD_FAILURE() << "the epoch went on after a Ctrl-C";
+  } catch (const course::Interrupted& stop) {
+    EXPECT_STREQ(stop.what(), "after step 1");
+  }
+}
+
 TEST(TemporaryFolder, NewEmptyAndGoneWithItsContentsAfterItsScope) {
   fs::path kept;
   {
@@ -845,6 +889,22 @@ TEST(TemporaryFolder, NewEmptyAndGoneWithItsContentsAfterItsScope) {
     std::ofstream(kept / "inner" / "y.pt") << "y";
   }
   EXPECT_FALSE(fs::exists(kept));
+}
+
+// Tests that a file in a missing folder is refused before anything is trained, naming the flag.
+TEST(StateDict, CheckWritableNamesTheFlagAndTheFolder) {
+  const course::TemporaryFolder folder("check-writable-");
+  EXPECT_NO_THROW(course::check_writable(folder.file("run.pt"), "--checkpoint"));
+  EXPECT_NO_THROW(course::check_writable("", "--checkpoint"));  // no file asked for
+  try {
+    course::check_writable(folder.file("missing/run.pt"), "--checkpoint");
+    ADD_FAILURE() << "a missing folder was accepted";
+  } catch (const course::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("--checkpoint " + folder.file("missing/run.pt")),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(e.hint().find("create the folder first"), std::string::npos) << e.hint();
+  }
 }
 
 TEST(StateDict, WrittenForPythonReadsBackEqual) {

@@ -79,7 +79,7 @@ class CheckpointTest : public FashionMnistTest {
   Training run(int epochs, const std::string& path = "") {
     Progress progress = fresh_progress();
     Training training(kCpu, lesson12::kSeed);
-    auto loader = lesson12::make_train_loader(*small, lesson12::kBatchSize);
+    auto loader = course::make_train_loader(*small, lesson12::kBatchSize, lesson12::kWorkers);
     if (!path.empty() && fs::exists(path)) {
       progress = lesson12::load_checkpoint(training, kCpu, path).progress;
     }
@@ -113,7 +113,7 @@ TEST_F(CheckpointTest, ResumeIsBitwiseExact) {
   run(2, scratch.file("as10.pt"));
   Progress progress = fresh_progress();
   Training training(kCpu, lesson12::kSeed);
-  auto loader = lesson12::make_train_loader(*small, lesson12::kBatchSize);
+  auto loader = course::make_train_loader(*small, lesson12::kBatchSize, lesson12::kWorkers);
   const torch::Tensor fresh = course::rng_state(kCpu);
   progress = lesson12::load_checkpoint(training, kCpu, scratch.file("as10.pt")).progress;
   course::set_rng_state(kCpu, fresh);

@@ -22,7 +22,6 @@
 //         for Python reads back equal; the test accuracy reaches the bar. Exit 0 PASS, 1 FAIL,
 //         2 bad flag, missing data or a bad file (with a HINT), 130 stopped by Ctrl-C.
 #include <torch/torch.h>  // defines: torch::save, torch::load, torch::serialize, torch::optim
-#include <unistd.h>       // defines: access
 
 #include <algorithm>
 #include <cstdint>
@@ -317,17 +316,6 @@ void to_python(Run& run, ANN& model, const std::string& path) {
                     evidence("max abs diff %g", diff));
 }
 
-// A file to be written must be writable now, not after the training (::access, from POSIX's
-// <unistd.h>: may this process write into the folder?).
-void check_writable(const std::string& path, const std::string& flag) {
-  const fs::path folder = fs::absolute(path.empty() ? "." : path).parent_path();
-  if (!path.empty() && (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)) {
-    throw course::CheckpointError(flag + " " + path + ": the folder " + folder.string() +
-                                      " does not exist or is not writable",
-                                  "create the folder first, or give " + flag + " another path");
-  }
-}
-
 }  // namespace lesson10
 
 // ---- main ---------------------------------------------------------------------------------------
@@ -353,8 +341,8 @@ int main(int argc, char** argv) try {
                "write the model at the end for Python's torch.load(PATH, weights_only=True)");
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
-  check_writable(checkpoint, "--checkpoint");
-  check_writable(to_python_path, "--to-python");
+  course::check_writable(checkpoint, "--checkpoint");  // before the training, not after it
+  course::check_writable(to_python_path, "--to-python");
 
   torch::manual_seed(options.seed);
   course::FashionMNIST train_ds(options.data_dir, /*train=*/true,

@@ -1,27 +1,21 @@
-// Lesson 12 (going further) — crash-safe checkpoints: lesson 10's checkpoint (model, Adam, epoch;
-// save_to(path), load_from(path, device)) made to resume a run bit for bit, to survive a kill in
-// the middle of a save, and to refuse a bad file before LibTorch reads it. Measured against lesson
-// 10:
-//   - part 1, an exact resume: the generators' states (the next epoch's shuffle) and where the run
-//     stands; resumed as lesson 10 resumes, a run goes on as another run. Other flags are refused;
-//   - part 2, atomic writes: save_to(path) truncates the last checkpoint before writing the next,
-//     so a kill mid-save loses it; a temporary file, flushed and renamed over it, never does (a
-//     child process killed with SIGKILL at random moments, each way);
-//   - part 3, device mapping: the checkpoint loads on the CPU and on a GPU, Adam's state with it;
-//   - part 4, loading defensively: a stranger's file is checked before LibTorch reads it, then its
-//     checksum, names, shapes, dtypes and optimizer state; a refused file changes nothing;
-//   - Ctrl-C finishes the step under way and keeps the last whole epoch's checkpoint (exit 130).
-//
+// Lesson 12 (going further) — crash-safe checkpoints: lesson 10's checkpoint (model, Adam, epoch)
+// made to resume a run bit for bit, to survive a kill in the middle of a save, and to refuse a
+// bad file before LibTorch reads it, each part measured against lesson 10's way:
+//   1. an exact resume: the generators' states and where the run stands (other flags refused);
+//   2. atomic writes: a temporary file, flushed and renamed over the last one (SIGKILL mid-save);
+//   3. device mapping: the checkpoint loads on the CPU and on a GPU, Adam's state with it;
+//   4. loading defensively: a stranger's file checked first; a refused file changes nothing;
+//   and Ctrl-C finishes the step under way, keeping the last whole epoch's checkpoint (exit 130).
 // Run:    build/bin/lesson12_crash_safe_checkpoints [--device ...] [--quick]   (every part)
-//         build/bin/lesson12_crash_safe_checkpoints --checkpoint run.pt --epochs 5   (resumes when
-//             run.pt exists, saves atomically after every epoch: stop it with Ctrl-C, run it again)
-// Checks: each part's claim, and the test accuracy against the bar; with --checkpoint, that the
-//         last checkpoint reads back equal. Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad
+//         build/bin/lesson12_crash_safe_checkpoints --checkpoint run.pt --epochs 5   (resumes
+//             when run.pt exists, saves after every epoch: stop it with Ctrl-C, run it again)
+// Checks: each part's claim, the test accuracy against the bar; with --checkpoint, that the last
+//         checkpoint reads back equal. Exit 0 PASS, 1 FAIL, 2 bad flag, missing data or bad
 //         checkpoint (with a HINT), 130 stopped by Ctrl-C.
 #include <fcntl.h>        // defines: open, O_DIRECTORY
 #include <sys/stat.h>     // defines: fchmod, umask
 #include <torch/torch.h>  // defines: torch::serialize, torch::optim, torch::data
-#include <unistd.h>       // defines: fsync, access, getpid
+#include <unistd.h>       // defines: fsync
 
 #include <algorithm>
 #include <cerrno>
@@ -37,16 +31,19 @@
 #include <string>
 #include <vector>
 
-#include "common/child_process.h"  // defines: kill_repeatedly, self_executable
-#include "common/cli.h"            // defines: Cli, CpuThreads, start_lesson
-#include "common/compare.h"        // defines: max_abs_diff
-#include "common/dataset.h"        // defines: FashionMNIST
-#include "common/device.h"         // defines: cuda_device_count, format_bytes
-#include "common/generator.h"      // defines: rng_state, set_rng_state
-#include "common/interrupt.h"      // defines: StopOnInterrupt, stop_requested, Interrupted
-#include "common/state_dict.h"     // defines: CheckpointError, checked_copies, tensor_crc32, ...
-#include "common/timing.h"         // defines: Stopwatch
-#include "common/verdict.h"        // defines: Verdict, report_error
+#include "common/ann.h"               // defines: ANN, test_accuracy
+#include "common/child_process.h"     // defines: kill_repeatedly, self_executable
+#include "common/cli.h"               // defines: Cli, CpuThreads, start_lesson
+#include "common/compare.h"           // defines: max_abs_diff
+#include "common/dataset.h"           // defines: FashionMNIST
+#include "common/device.h"            // defines: cuda_device_count, format_bytes
+#include "common/generator.h"         // defines: rng_state, set_rng_state
+#include "common/interrupt.h"         // defines: StopOnInterrupt, stop_requested, Interrupted
+#include "common/report.h"            // defines: format
+#include "common/state_dict.h"        // defines: CheckpointError, checked_copies, tensor_crc32, ...
+#include "common/temporary_folder.h"  // defines: TemporaryFolder
+#include "common/timing.h"            // defines: Stopwatch
+#include "common/verdict.h"           // defines: Verdict, report_error
 
 namespace lesson12 {
 
@@ -58,9 +55,7 @@ constexpr std::uint64_t kSeed = 12;
 constexpr int kEpochs = 5;               // --checkpoint runs train to this many by default
 constexpr std::int64_t kBatchSize = 64;  // lesson 10's (the tutorial's)
 constexpr double kLearningRate = 1e-3;   // lesson 10's Adam
-// One loader thread: the batches come in the sampler's order whatever the count (the loader keeps
-// it), and the one CPU thread of the bitwise check keeps a core of its own.
-constexpr int kWorkers = 1;
+constexpr int kWorkers = 1;  // one loader thread: the bitwise check's one CPU thread keeps a core
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: the first 10,000 training images
 constexpr double kAccuracyBar = 0.85;          // lesson 05's, after kEpochs on all images
 constexpr double kQuickAccuracyBar = 0.70;     // for shorter runs
@@ -71,28 +66,10 @@ constexpr int kQuickKills = 3;
 constexpr std::int64_t kSaveLoopBytes = 32ll << 20;  // large enough that most kills land mid-write
 constexpr std::int64_t kFormatVersion = 1;  // what a checkpoint says it holds: others are refused
 constexpr const char* kModelName = "ANN 784-128-64-10 + Adam";
-// A fuzzing build (scripts/fuzz) lets a failed checksum through, so that the fuzzer's mutations
-// reach the checks behind it instead of stopping at the first checksum they break.
-#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-constexpr bool kFuzzing = true;
-#else
-constexpr bool kFuzzing = false;
-#endif
 
 // ---- lesson 10's model, data and loop ----------------------------------------------------------
-struct ANNImpl : torch::nn::Module {
-  ANNImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
-        out(register_module("out", torch::nn::Linear(64, 10))),
-        relu(register_module("relu", torch::nn::ReLU())) {}
-  torch::Tensor forward(torch::Tensor x) {
-    return out(relu(fc2(relu(fc1(x.view({x.size(0), -1}))))));
-  }
-  torch::nn::Linear fc1, fc2, out;
-  torch::nn::ReLU relu;
-};
-TORCH_MODULE(ANN);
+// The tutorial's ANN (fc1, fc2, out), its loader and one epoch of its loop: common/ann.h.
+using course::ANN;
 
 // A run's model (the seed's first weights, on the device) and Adam, built after the move.
 struct Training {
@@ -104,47 +81,7 @@ struct Training {
   torch::optim::Adam optimizer;
 };
 
-using Batches =
-    torch::data::datasets::MapDataset<course::FashionMNIST, torch::data::transforms::Stack<>>;
-using TrainLoader = torch::data::StatelessDataLoader<Batches, torch::data::samplers::RandomSampler>;
-
-// DataLoader(train_ds, batch_size, shuffle=True): the RandomSampler draws an order from the CPU
-// generator when it is made and when each epoch begins.
-std::unique_ptr<TrainLoader> make_train_loader(const course::FashionMNIST& train_ds,
-                                               std::int64_t batch_size) {
-  return torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
-      course::FashionMNIST(train_ds).map(torch::data::transforms::Stack<>()),
-      torch::data::DataLoaderOptions().batch_size(batch_size).workers(kWorkers));
-}
-
-// One epoch: its steps and mean loss. Ctrl-C ends it after the step under way.
-std::pair<std::int64_t, double> train_epoch(Training& run, TrainLoader& loader,
-                                            const torch::Device& device) {
-  run.model->train();
-  std::int64_t steps = 0;
-  double total_loss = 0;
-  for (auto& [features, labels] : loader) {
-    torch::Tensor loss = torch::nn::functional::cross_entropy(
-        run.model->forward(features.to(device)), labels.to(device));
-    run.optimizer.zero_grad();
-    loss.backward();
-    run.optimizer.step();
-    total_loss += loss.item<double>();
-    if (++steps, course::stop_requested()) {
-      throw course::Interrupted("after step " + std::to_string(steps));
-    }
-  }
-  return {steps, total_loss / static_cast<double>(steps)};
-}
-
-double evaluate(ANN& model, const course::FashionMNIST& test_ds, const torch::Device& device) {
-  model->eval();
-  torch::NoGradGuard no_grad;
-  const course::ImageSet& test = test_ds.images();
-  const auto [values, predicted] = torch::max(model->forward(test.images.to(device)), 1);
-  return (predicted == test.labels.to(device)).sum().item<double>() /
-         static_cast<double>(test.labels.size(0));
-}
+using course::TrainLoader;  // shuffle=True: an order drawn from the CPU generator every epoch
 
 // ---- part 2: atomic writes ------------------------------------------------------------------
 using Sink = std::function<std::size_t(const void*, std::size_t)>;
@@ -154,8 +91,7 @@ using Sink = std::function<std::size_t(const void*, std::size_t)>;
 // disk and renames it over `path`. A process killed at any moment leaves either the old file or
 // the new one at `path`, never a mix (a temporary file may be left beside it).
 void write_atomically(const std::string& path, const std::function<void(const Sink&)>& write) {
-  const fs::path target = fs::absolute(path);
-  const fs::path folder = target.parent_path();
+  const fs::path target = fs::absolute(path), folder = target.parent_path();
   // The temporary file lives in the same folder: rename() is atomic only within one file system.
   std::string temporary = (folder / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
   const int fd = ::mkstemp(temporary.data());
@@ -356,7 +292,8 @@ Loaded load_checkpoint(Training& run, const torch::Device& device, const std::st
   std::uint32_t crc = 0;
   for (const auto& copy : copies) crc = course::tensor_crc32(crc, copy.second);
   crc = course::tensor_crc32(crc ^ course::adam_crc32(spare), cpu_rng);
-  if (static_cast<std::int64_t>(crc) != read_int(archive, "checksum", path) && !kFuzzing) {
+  if (static_cast<std::int64_t>(crc) != read_int(archive, "checksum", path) &&
+      !course::kFuzzingBuild) {
     throw CheckpointError(
         path + " is corrupt: its contents do not match its checksum",
         "the file changed after it was written (disk or copy error): " + std::string(kDamagedHint));
@@ -386,7 +323,7 @@ void train_to(Training& run, Progress& progress, int epochs, TrainLoader& loader
     course::Stopwatch watch(device);
     std::pair<std::int64_t, double> epoch;
     try {
-      epoch = train_epoch(run, loader, device);
+      epoch = course::train_epoch(run.model, run.optimizer, loader, device);
     } catch (const course::Interrupted& stop) {
       throw course::Interrupted(
           "epoch " + std::to_string(progress.epoch + 1) + " abandoned " + stop.what() + "; " +
@@ -422,11 +359,8 @@ void train_to(Training& run, Progress& progress, int epochs, TrainLoader& loader
     torch::serialize::OutputArchive archive;
     archive.write("iteration", c10::IValue(iteration));
     archive.write("payload", payload);
-    if (atomic) {
-      write_atomically(path, [&](const Sink& sink) { archive.save_to(sink); });
-    } else {
-      archive.save_to(path);  // truncate, then write
-    }
+    if (atomic) write_atomically(path, [&](const Sink& sink) { archive.save_to(sink); });
+    if (!atomic) archive.save_to(path);  // lesson 10's: truncate, then write
     std::printf("saved %lld\n", static_cast<long long>(iteration));
     std::fflush(stdout);
   }
@@ -457,12 +391,6 @@ struct Lesson {
   std::string file(const std::string& name) const { return (work / name).string(); }
 };
 
-std::string evidence(const char* format, double a, double b = 0) {
-  char text[80];
-  std::snprintf(text, sizeof text, format, a, b);
-  return text;
-}
-
 // A fresh run and its loader, resumed from `checkpoint` when that file exists; `as_lesson10`
 // leaves the generators as a fresh process has them, as lesson 10's resume does. A checkpoint of
 // a run on other data or batches is refused: resuming it would silently become another run.
@@ -470,7 +398,8 @@ Training resume_or_start(const Lesson& lesson, const std::string& checkpoint, Pr
                          std::unique_ptr<TrainLoader>& loader, bool as_lesson10 = false) {
   progress = lesson.fresh;
   Training run(lesson.device, lesson.seed);
-  loader = make_train_loader(lesson.train, progress.batch_size);  // draws: before the restore
+  loader = course::make_train_loader(lesson.train, progress.batch_size,
+                                     kWorkers);  // draws: before the restore
   if (checkpoint.empty()) return run;
   if (!fs::exists(checkpoint)) {
     std::cout << "  no checkpoint at " << checkpoint << " yet: starting from epoch 0\n";
@@ -514,7 +443,7 @@ void check_reload(Lesson& lesson, const std::string& path, Training& run,
   lesson.verdict.check(diff == 0 && adam != nullptr && adam->exp_avg().device() == device,
                        "the " + loaded.saved_on + " checkpoint loads on " + device.str() +
                            ", equal, Adam's state with it",
-                       evidence("max abs diff %.3g", diff));
+                       course::format("max abs diff %.3g", diff));
 }
 
 // Part 1: an uninterrupted run against one stopped, saved and resumed in a fresh model and Adam,
@@ -548,13 +477,11 @@ Training resume_exactly(Lesson& lesson, int epochs, Progress& progress) {
         course::max_abs_diff(straight.model->parameters(), resumed->model->parameters());
   }
   lesson.verdict.check(diff[0] == 0,
-                       "a resumed run's parameters equal the uninterrupted run's, "
-                       "bitwise",
-                       evidence("max abs diff %.3g", diff[0]));
+                       "a resumed run's parameters equal the uninterrupted run's, bitwise",
+                       course::format("max abs diff %.3g", diff[0]));
   lesson.verdict.check(diff[1] > 0,
-                       "resumed as lesson 10 does (no generator states), it is "
-                       "another run",
-                       evidence("max abs diff %.3g", diff[1]));
+                       "resumed as lesson 10 does (no generator states), it is another run",
+                       course::format("max abs diff %.3g", diff[1]));
   return std::move(*resumed);
 }
 
@@ -658,15 +585,12 @@ int main(int argc, char** argv) try {
   std::string checkpoint, save_loop_path;
   bool in_place = false;
   course::Cli cli("lesson12_crash_safe_checkpoints",
-                  "Lesson 12: checkpoints that resume exactly, survive a kill mid-save and refuse "
-                  "bad files.",
+                  "Lesson 12: checkpoints that resume exactly, survive a kill, refuse bad files.",
                   options);
   cli.add_data_dir();
-  cli.add_path(
-      "--checkpoint", checkpoint,
-      "train to --epochs, resuming from this file when it exists, saving after each epoch");
-  cli.add_option("--epochs", epochs, "epochs to train to (0: 5 with --checkpoint, else 3)", 0,
-                 1000);
+  cli.add_path("--checkpoint", checkpoint,
+               "train to --epochs, resuming from this file when it exists, saving every epoch");
+  cli.add_option("--epochs", epochs, "epochs to train to (0: 5 with --checkpoint, else 3)", 0, 999);
   cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);
   cli.add_hidden_path("--save-loop", save_loop_path);  // part 2's child process
   cli.add_hidden_flag("--in-place", in_place);
@@ -685,12 +609,8 @@ int main(int argc, char** argv) try {
   Progress progress;
   std::optional<Training> run;
   if (!checkpoint.empty()) {  // one run, resumed from the file when it exists
+    course::check_writable(checkpoint, "--checkpoint");  // before the training, not after it
     lesson.work = fs::absolute(checkpoint).parent_path();
-    if (!fs::is_directory(lesson.work) || ::access(lesson.work.c_str(), W_OK) != 0) {
-      throw CheckpointError("--checkpoint " + checkpoint + ": the folder " + lesson.work.string() +
-                                " does not exist or is not writable",
-                            "create the folder first, or give --checkpoint another path");
-    }
     std::unique_ptr<TrainLoader> loader;
     run.emplace(resume_or_start(lesson, checkpoint, progress, loader));
     const std::int64_t first = progress.epoch;
@@ -699,29 +619,28 @@ int main(int argc, char** argv) try {
     if (first >= epochs) std::cout << "  already at epoch " << first << ": nothing to train\n";
     if (progress.epoch > first) check_reload(lesson, checkpoint, *run, torch::kCPU);
   } else {  // every part, in a temporary folder
-    lesson.work = fs::temp_directory_path() / ("lesson12-" + std::to_string(::getpid()));
-    fs::create_directories(lesson.work);
-    const std::shared_ptr<void> cleanup(nullptr, [&](void*) { fs::remove_all(lesson.work); });
+    const course::TemporaryFolder folder("lesson12-");
+    lesson.work = folder.path();
     epochs = epochs > 0 ? std::max(epochs, kResumeAt + 1) : kDemoEpochs;
     run.emplace(resume_exactly(lesson, epochs, progress));
     kill_while_saving(lesson, options.quick ? kQuickKills : kKills);
     std::cout << "\n== Part 3: device mapping ==\n";
     check_reload(lesson, lesson.file("run.pt"), *run, torch::kCPU);
-    if (course::cuda_device_count() == 0) std::cout << "(skipped: needs CUDA) loaded on a GPU\n";
     if (course::cuda_device_count() > 0)
       check_reload(lesson, lesson.file("run.pt"), *run, {"cuda:0"});
+    if (course::cuda_device_count() == 0) std::cout << "(skipped: needs CUDA) loaded on a GPU\n";
     refuse_bad_files(lesson, *run, progress);
   }
-  const double accuracy = evaluate(run->model, lesson.test, device);
+  const double accuracy = course::test_accuracy(run->model, lesson.test.images(), device);
   std::printf("test accuracy: %.4f\n", accuracy);
   const bool full = !options.quick && epochs >= kEpochs && batch_size <= kBatchSize;
   if (checkpoint.empty() || full) {  // the bar, for a whole run this program trained
     const double bar = full ? kAccuracyBar : kQuickAccuracyBar;
     lesson.verdict.check(accuracy >= bar, "the test accuracy reaches the bar",
-                         evidence("%.4f vs bar %.2f", accuracy, bar));
+                         course::format("%.4f vs bar %.2f", accuracy, bar));
   } else if (lesson.verdict.checks() == 0) {
     lesson.verdict.check(accuracy > 0.1, "the model classifies better than chance",
-                         evidence("%.4f vs 0.10", accuracy));
+                         course::format("%.4f vs 0.10", accuracy));
   }
   return lesson.verdict.finish("lesson 12 on " + device.str());
 } catch (...) {

@@ -35,6 +35,7 @@
 #include <memory>
 #include <thread>
 
+#include "common/ann.h"            // defines: ANN, test_accuracy
 #include "common/c10d.h"           // defines: CommGroup, abort_group, shutdown_group
 #include "common/child_process.h"  // defines: ChildProcess, describe_status, self_executable
 #include "common/cli.h"            // defines: Cli, start_lesson, available_cores
@@ -62,18 +63,9 @@ constexpr int kFailEpochs = 50;           // a rank to be killed or stopped is s
 constexpr int kSlackSeconds = 15;         // start-up (LibTorch, the data) on a busy machine
 
 // ---- lesson 09's job --------------------------------------------------------------------------
-// Lesson 09's ANN (its layers made in the same order, so the same seed gives the same weights).
-struct ANNImpl : torch::nn::Module {
-  ANNImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
-        out(register_module("out", torch::nn::Linear(64, 10))) {}
-  torch::Tensor forward(torch::Tensor x) {
-    return out(torch::relu(fc2(torch::relu(fc1(x.view({x.size(0), -1}))))));
-  }
-  torch::nn::Linear fc1, fc2, out;
-};
-TORCH_MODULE(ANN);
+// Lesson 09's ANN, the tutorial's (common/ann.h): its layers made in the same order, so the same
+// seed gives the same weights.
+using course::ANN;
 
 // Lesson 09's shards: every rank draws the epoch's order from the seed and the epoch; global step
 // s takes order[s*W*B, (s+1)*W*B), rank r the r-th B of those.
@@ -381,12 +373,6 @@ torch::Tensor parameters(ANN& model) {  // all of them, in one vector
   return torch::nn::utils::parameters_to_vector(model->parameters()).detach();
 }
 
-double evaluate(ANN& model, const course::ImageSet& test, const torch::Device& device) {
-  torch::NoGradGuard no_grad;  // the test accuracy, as lesson 09 measures it
-  const auto predicted = std::get<1>(torch::max(model->forward(test.images.to(device)), 1));
-  return predicted.eq(test.labels.to(device)).to(torch::kDouble).mean().item<double>();
-}
-
 // ---- as a rank -----------------------------------------------------------------------------
 void rank_job(const course::RankInfo& info, const torch::Device& device,
               const course::ImageSet& train, const course::ImageSet& test, int epochs,
@@ -434,8 +420,8 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
   // Silent failure 3, a job that learns something else: against one process with batch W x B.
   RankRun one =
       train_checked(nullptr, 0, 1, train, epochs, batch * info.world_size, device, seed, timeout);
-  const double accuracy = evaluate(run.model, test, device);
-  const double one_accuracy = evaluate(one.model, test, device);
+  const double accuracy = course::test_accuracy(run.model, test, device);
+  const double one_accuracy = course::test_accuracy(one.model, test, device);
   const double apart = course::relative_diff(parameters(run.model), parameters(one.model));
   std::printf(
       "one process: parameters %.2e apart (relative), final loss %.4f vs %.4f, test "

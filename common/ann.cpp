@@ -1,0 +1,55 @@
+// ann.cpp: the tutorials' ANN, its data loader, one epoch of its loop and its test accuracy.
+#include "common/ann.h"
+
+#include <torch/torch.h>  // defines: torch::max, torch::NoGradGuard, make_data_loader
+
+#include <string>
+
+#include "common/interrupt.h"  // defines: stop_requested, Interrupted
+
+namespace course {
+
+ANNImpl::ANNImpl()
+    : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+      fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+      out(register_module("out", torch::nn::Linear(64, 10))),
+      relu(register_module("relu", torch::nn::ReLU())) {}
+
+torch::Tensor ANNImpl::forward(torch::Tensor x) {
+  return out(relu(fc2(relu(fc1(x.view({x.size(0), -1}))))));
+}
+
+std::unique_ptr<TrainLoader> make_train_loader(const FashionMNIST& train_ds,
+                                               std::int64_t batch_size, int workers) {
+  return torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
+      FashionMNIST(train_ds).map(torch::data::transforms::Stack<>()),
+      torch::data::DataLoaderOptions().batch_size(batch_size).workers(workers));
+}
+
+std::pair<std::int64_t, double> train_epoch(ANN& model, torch::optim::Optimizer& optimizer,
+                                            TrainLoader& loader, const torch::Device& device) {
+  model->train();
+  std::int64_t steps = 0;
+  double total_loss = 0;
+  for (auto& [features, labels] : loader) {
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(features.to(device)),
+                                                              labels.to(device));
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    total_loss += loss.item<double>();
+    ++steps;
+    if (stop_requested()) throw Interrupted("after step " + std::to_string(steps));
+  }
+  return {steps, total_loss / static_cast<double>(steps)};
+}
+
+double test_accuracy(ANN& model, const ImageSet& test, const torch::Device& device) {
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto predicted = std::get<1>(torch::max(model->forward(test.images.to(device)), 1));
+  return (predicted == test.labels.to(device)).sum().item<double>() /
+         static_cast<double>(test.labels.size(0));
+}
+
+}  // namespace course
