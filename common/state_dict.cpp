@@ -318,6 +318,36 @@ void check_adam_state(const torch::optim::Adam& optimizer,
   }
 }
 
+std::int64_t read_archive_int(torch::serialize::InputArchive& archive, const std::string& key,
+                              const std::string& path, const std::string& what) {
+  c10::IValue value;
+  if (!archive.try_read(key, value) || !value.isInt()) {
+    throw CheckpointError(path + " has no '" + key + "': " + what,
+                          "restore a backup, or delete it to start over");
+  }
+  return value.toInt();
+}
+
+void load_adam_checked(torch::optim::Adam& optimizer, torch::serialize::InputArchive& state,
+                       const std::string& path) {
+  c10::IValue version;  // Adam::save writes it first: without it, this is no optimizer state
+  if (!state.try_read("pytorch_version", version)) {
+    throw CheckpointError(path + " has no optimizer state",
+                          "restore a backup, or delete it to start over");
+  }
+  try {
+    optimizer.load(state);
+  } catch (const std::exception& e) {
+    throw CheckpointError(path + ": the optimizer state does not load (" + error_message(e) + ")",
+                          "it is a checkpoint of another model or optimizer");
+  }
+  std::vector<at::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups()) {
+    parameters.insert(parameters.end(), group.params().begin(), group.params().end());
+  }
+  check_adam_state(optimizer, parameters, path);
+}
+
 double max_adam_diff(const torch::optim::Adam& a, const std::vector<at::Tensor>& a_parameters,
                      const torch::optim::Adam& b, const std::vector<at::Tensor>& b_parameters) {
   const double infinity = std::numeric_limits<double>::infinity();

@@ -123,6 +123,17 @@ std::uint32_t adam_crc32(const torch::optim::Adam& optimizer);
 /// own load checks neither, and the next step would read past them or fail far from the cause).
 void check_adam_state(const torch::optim::Adam& optimizer,
                       const std::vector<at::Tensor>& parameters, const std::string& source);
+/// The integer `archive` holds under `key`; CheckpointError "`path` has no '`key`': `what`" when
+/// it holds none (a file of another kind, or damaged), with a HINT to restore or start over.
+std::int64_t read_archive_int(torch::serialize::InputArchive& archive, const std::string& key,
+                              const std::string& path, const std::string& what);
+
+/// Loads `state` (what Adam::save wrote, read from `path`) into `optimizer`, then check_adam_state
+/// over all its parameters. CheckpointError when `state` is no optimizer state, when Adam's load
+/// refuses it, or when it does not fit the parameters; `optimizer` may then hold part of it, so
+/// load into a spare Adam first when the real one must stay as it was.
+void load_adam_checked(torch::optim::Adam& optimizer, torch::serialize::InputArchive& state,
+                       const std::string& path);
 /// The largest difference between two Adams' states, parameter by parameter (`a_parameters` and
 /// `b_parameters` in the same order): the moments' max_abs_diff; infinity when a step count
 /// differs or one has a state the other lacks.

@@ -1061,4 +1061,30 @@ TEST(StateDict, AdamStateByParameter) {
                 .find("x.pt: Adam's state of parameter 0 is [4, 3], the parameter [8, 3]"),
             std::string::npos);
   EXPECT_NE(course::tensor_crc32(0, torch::ones({3})), course::tensor_crc32(0, torch::zeros({3})));
+  // load_adam_checked: the same state loads; another shape, or an archive without one, does not.
+  const auto archive_of = [](const std::string& bytes) {
+    std::istringstream stream(bytes);
+    torch::serialize::InputArchive in;
+    in.load_from(stream);
+    return in;
+  };
+  torch::optim::Adam again(copy->parameters(), torch::optim::AdamOptions(1e-3));
+  torch::serialize::InputArchive archive = archive_of(saved.str());
+  EXPECT_EQ(refusal_of([&] { course::load_adam_checked(again, archive, "ok.pt"); }), "");
+  EXPECT_EQ(course::max_adam_diff(adam, model->parameters(), again, copy->parameters()), 0.0);
+  torch::optim::Adam wider(wide->parameters(), torch::optim::AdamOptions(1e-3));
+  archive = archive_of(saved.str());
+  EXPECT_NE(refusal_of([&] { course::load_adam_checked(wider, archive, "w.pt"); })
+                .find("w.pt: Adam's state of parameter 0 is [4, 3]"),
+            std::string::npos);
+  torch::serialize::OutputArchive weights;
+  weights.write("fc1.weight", torch::zeros({4, 3}));
+  std::ostringstream not_adam;
+  weights.save_to(not_adam);
+  archive = archive_of(not_adam.str());
+  EXPECT_EQ(refusal_of([&] { course::load_adam_checked(again, archive, "n.pt"); }),
+            "n.pt has no optimizer state");
+  archive = archive_of(not_adam.str());
+  EXPECT_EQ(refusal_of([&] { course::read_archive_int(archive, "epoch", "n.pt", "not mine"); }),
+            "n.pt has no 'epoch': not mine");
 }

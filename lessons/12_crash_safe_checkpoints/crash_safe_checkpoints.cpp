@@ -87,9 +87,8 @@ using course::TrainLoader;  // shuffle=True: an order drawn from the CPU generat
 using Sink = std::function<std::size_t(const void*, std::size_t)>;
 
 //! [write-atomically]
-// Runs `write` with a sink into a temporary file in `path`'s folder, flushes that file to the
-// disk and renames it over `path`. A process killed at any moment leaves either the old file or
-// the new one at `path`, never a mix (a temporary file may be left beside it).
+// Runs `write` with a sink into a temporary file beside `path`, flushes it to the disk and renames
+// it over `path`: a process killed at any moment leaves the old file or the new one, never a mix.
 void write_atomically(const std::string& path, const std::function<void(const Sink&)>& write) {
   const fs::path target = fs::absolute(path), folder = target.parent_path();
   // The temporary file lives in the same folder: rename() is atomic only within one file system.
@@ -132,8 +131,7 @@ void write_atomically(const std::string& path, const std::function<void(const Si
         "free some disk space or save somewhere else; the previous file at " + path +
             " is untouched");
   }
-  // 3. the rename itself is recorded in the folder, which is flushed too (a power cut after the
-  // rename must not bring the old file back).
+  // 3. the folder, which records the rename, is flushed too: a power cut must not undo it.
   const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir >= 0) {
     ::fsync(dir);
@@ -152,8 +150,7 @@ struct Progress {
 //! [save-checkpoint]
 // Lesson 10's checkpoint (model_state_dict, optimizer_state_dict, epoch) and what it lacks: what
 // the file is, where the run stands and on what, the generators' states, and a CRC-32 over all it
-// restores (LibTorch's zip reader does not check the zip's own CRCs: a flipped bit in a tensor
-// would load silently). `tensors`: the model's when empty (another model's, in the tests).
+// restores (LibTorch's zip reader checks no CRC). `tensors`: the model's when empty (tests).
 void save_checkpoint(Training& run, const Progress& progress, const torch::Device& device,
                      const std::string& path, course::StateDict tensors = {}) {
   if (tensors.empty()) tensors = course::state_dict(*run.model);
@@ -192,9 +189,8 @@ const char* const kDamagedHint = "restore a backup, or delete it to start over";
 
 //! [open-archive]
 // Opens a LibTorch archive, every tensor made on `device` (map_location). A stranger's file is
-// checked first: LibTorch's readers trust the numbers in a file (sizes to allocate, indices,
-// strides), and a damaged or hostile one can make them crash or run out of memory
-// (common/torch_file.h says how). LibTorch then reads the very bytes that were checked.
+// checked first: LibTorch's readers trust its numbers (sizes, indices, strides), and a damaged one
+// can crash them (common/torch_file.h). LibTorch then reads the very bytes that were checked.
 torch::serialize::InputArchive open_archive(const std::string& path, const torch::Device& device) {
   const course::TorchFile file = course::check_libtorch_archive(path, course::CrcCheck::kStructure);
   torch::serialize::InputArchive archive;
@@ -212,12 +208,7 @@ torch::serialize::InputArchive open_archive(const std::string& path, const torch
 
 std::int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key,
                       const std::string& path) {
-  c10::IValue value;
-  if (!archive.try_read(key, value) || !value.isInt()) {
-    throw CheckpointError(path + " has no '" + key + "': it is not a whole lesson 12 checkpoint",
-                          kDamagedHint);
-  }
-  return value.toInt();
+  return course::read_archive_int(archive, key, path, "it is not a whole lesson 12 checkpoint");
 }
 
 /// What loading found besides the progress.
@@ -230,9 +221,7 @@ struct Loaded {
 
 //! [load-checkpoint]
 // Loads `path` into `run`, whose model lives on `device`. All or nothing: everything is read and
-// checked before the model, Adam or a generator is touched. CheckpointError for a missing, cut
-// short or corrupt file, another kind of file, another model, or an optimizer state that does
-// not fit.
+// checked before the model, Adam or a generator is touched; else a CheckpointError says why.
 Loaded load_checkpoint(Training& run, const torch::Device& device, const std::string& path) {
   torch::serialize::InputArchive archive = open_archive(path, device);  // map_location=device
   c10::IValue text;
@@ -263,18 +252,10 @@ Loaded load_checkpoint(Training& run, const torch::Device& device, const std::st
 
   // 2. The optimizer: loaded into a spare Adam over the same parameters, then checked.
   torch::optim::Adam spare(run.model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  if (!archive.try_read("optimizer_state_dict", optimizer_state_dict) ||
-      !optimizer_state_dict.try_read("pytorch_version", text)) {
+  if (!archive.try_read("optimizer_state_dict", optimizer_state_dict)) {
     throw CheckpointError(path + " has no optimizer state", kDamagedHint);
   }
-  try {
-    spare.load(optimizer_state_dict);
-  } catch (const std::exception& e) {
-    throw CheckpointError(
-        path + ": the optimizer state does not load (" + course::error_message(e) + ")",
-        "it is a checkpoint of another model or optimizer");
-  }
-  course::check_adam_state(spare, run.model->parameters(), path);  // shapes, inside storage
+  course::load_adam_checked(spare, optimizer_state_dict, path);  // shapes, inside storage
 
   // 3. The generators' states, tried on the generators themselves (and put back).
   torch::Tensor cpu_rng, cuda_rng;
@@ -349,9 +330,8 @@ void train_to(Training& run, Progress& progress, int epochs, TrainLoader& loader
 
 // ---- part 2: the crash test --------------------------------------------------------------------
 //! [save-loop]
-// The child process: saves a kSaveLoopBytes archive to `path` over and over (each filled with its
-// iteration number), printing "saved N" after each, until killed. `atomic` false saves in place,
-// as lesson 10 does.
+// The child process: saves a kSaveLoopBytes archive filled with its iteration number to `path`,
+// over and over, printing "saved N" after each, until killed; in place (lesson 10's) or atomically.
 [[noreturn]] void save_loop(const std::string& path, bool atomic) {
   torch::Tensor payload = torch::empty({kSaveLoopBytes / 4}, torch::kFloat);
   for (std::int64_t iteration = 1;; ++iteration) {
@@ -391,9 +371,8 @@ struct Lesson {
   std::string file(const std::string& name) const { return (work / name).string(); }
 };
 
-// A fresh run and its loader, resumed from `checkpoint` when that file exists; `as_lesson10`
-// leaves the generators as a fresh process has them, as lesson 10's resume does. A checkpoint of
-// a run on other data or batches is refused: resuming it would silently become another run.
+// A fresh run and its loader, resumed from `checkpoint` when that file exists (`as_lesson10`: the
+// generators left as lesson 10 leaves them). A run on other data or batches is refused.
 Training resume_or_start(const Lesson& lesson, const std::string& checkpoint, Progress& progress,
                          std::unique_ptr<TrainLoader>& loader, bool as_lesson10 = false) {
   progress = lesson.fresh;
@@ -449,9 +428,8 @@ void check_reload(Lesson& lesson, const std::string& path, Training& run,
 // Part 1: an uninterrupted run against one stopped, saved and resumed in a fresh model and Adam,
 // the generators restored (this lesson) or not (lesson 10).
 Training resume_exactly(Lesson& lesson, int epochs, Progress& progress) {
-  // Bitwise equality needs reproducible arithmetic. On the CPU that means one thread: PyTorch's
-  // own LibTorch multiplies matrices with MKL, whose threads may split a sum differently from
-  // one run to the next, so even two uninterrupted runs can differ in the last bits.
+  // Bitwise equality needs reproducible arithmetic: on the CPU, one thread (MKL's threads may
+  // split a sum differently from one run to the next).
   std::optional<course::CpuThreads> reproducible;
   if (lesson.device.is_cpu()) reproducible.emplace(1);
   std::cout << "\n== Part 1: save every epoch, stop, resume: the same run ==\nuninterrupted"
@@ -486,8 +464,7 @@ Training resume_exactly(Lesson& lesson, int epochs, Progress& progress) {
 }
 
 // Part 2, `kills` times each way: starts this program with --save-loop, lets it save twice, kills
-// it with SIGKILL at a random moment of its next save (no chance to clean up: a crash, a power
-// cut), and loads what is left.
+// it with SIGKILL (a crash: no clean-up) at a random moment of its next save, loads what is left.
 void kill_while_saving(Lesson& lesson, int kills) {
   std::printf(
       "\n== Part 2: a process killed while saving ==\na child process saves a %s "
