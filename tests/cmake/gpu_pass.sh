@@ -52,7 +52,7 @@ done
 for lesson in 09_data_parallel 14_distributed_failures; do
   grep -q "RESULT: PASS lesson ${lesson%%_*} rank 0 of 1" "$t/docs/transcripts/gpu/lesson$lesson.torchrun.txt" ||
     fail "torchrun's job of lesson ${lesson%%_*} did not pass"
-done"
+done
 for bench in "$build"/bin/bench_*; do
   json=$t/docs/benchmarks/gpu/$(basename "$bench").json
   grep -q '"benchmarks"' "$json" 2>/dev/null || fail "no JSON from $(basename "$bench")"
