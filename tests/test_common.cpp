@@ -38,6 +38,7 @@
 #include "common/nvml.h"
 #include "common/state_dict.h"
 #include "common/temporary_folder.h"
+#include "scratch_files.h"
 #include "common/timing.h"
 #include "common/verdict.h"
 #include "cuda_test.h"
@@ -797,26 +798,6 @@ struct TinyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Tiny);
 
-// A fresh folder for one test, removed afterwards.
-struct Scratch {
-  Scratch() {
-    std::string name = (fs::temp_directory_path() / "common-test-XXXXXX").string();
-    path = ::mkdtemp(name.data());
-  }
-  ~Scratch() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  fs::path path;
-};
-
-std::string bytes_of_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
 // The message of the CheckpointError `work` throws ("" when it throws none).
 std::string refusal_of(const std::function<void()>& work) {
   try {
@@ -960,14 +941,14 @@ void damage_everywhere(const std::string& bytes, const std::string& path,
                        const std::function<void(const std::string&)>& check) {
   for (int i = 0; i <= 96; ++i) {
     const std::size_t keep = bytes.size() * static_cast<std::size_t>(i) / 97;
-    write_file(path, bytes.substr(0, keep));
+    write_bytes(path, bytes.substr(0, keep));
     check("truncated to " + std::to_string(keep));
   }
   for (int i = 0; i < 211; ++i) {
     std::string copy = bytes;
     const std::size_t at = (copy.size() - 1) * static_cast<std::size_t>(i) / 210;
     copy[at] = static_cast<char>(copy[at] ^ 0x5a);
-    write_file(path, copy);
+    write_bytes(path, copy);
     check("byte " + std::to_string(at) + " changed");
   }
 }
@@ -980,7 +961,7 @@ TEST(StateDict, CorruptionSweep) {
   torch::manual_seed(4);
   Tiny model(64);
   course::write_python_state_dict(course::state_dict(*model), scratch.file("sd.pt"));
-  const std::string bytes = bytes_of_file(scratch.file("sd.pt"));
+  const std::string bytes = read_bytes(scratch.file("sd.pt"));
   int refused = 0, loaded = 0;
   damage_everywhere(bytes, scratch.file("damaged.pt"), [&](const std::string& what) {
     Tiny copy(64);
@@ -1005,12 +986,12 @@ TEST(StateDict, LibTorchArchivesAreCheckedBeforeTheyAreRead) {
   torch::save(model, scratch.file("tiny.pt"));
   torch::save(wide, scratch.file("wide.pt"));
   course::write_python_state_dict(course::state_dict(*model), scratch.file("python.pt"));
-  std::string bytes = bytes_of_file(scratch.file("tiny.pt"));
-  write_file(scratch.file("cut.pt"), bytes.substr(0, bytes.size() - 10));
+  std::string bytes = read_bytes(scratch.file("tiny.pt"));
+  write_bytes(scratch.file("cut.pt"), bytes.substr(0, bytes.size() - 10));
   EXPECT_EQ(refusal_of([&] { course::check_module_file(*model, scratch.file("tiny.pt")); }), "");
   const std::vector<std::pair<std::string, std::string>> bad = {
       {scratch.file("none.pt"), "no file at"},
-      {scratch.path.string(), "is not a file"},
+      {scratch.path().string(), "is not a file"},
       {scratch.file("python.pt"), "Python's torch.save format"},
       {scratch.file("cut.pt"), "is not a readable LibTorch archive"},
       {scratch.file("wide.pt"), "'fc1.weight' is [8, 3]"}};

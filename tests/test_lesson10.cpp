@@ -18,36 +18,13 @@
 #include "checkpointing.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
+#include "scratch_files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using course::CheckpointError;
 using lesson10::ANN;
-
-// A fresh folder for one test, removed afterwards.
-class Scratch {
- public:
-  Scratch() {
-    std::string name = (fs::temp_directory_path() / "lesson10-test-XXXXXX").string();
-    path_ = ::mkdtemp(name.data());
-  }
-  ~Scratch() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
 
 constexpr std::int64_t kSamples = 2000;  // a few dozen steps per epoch: seconds, not minutes
 const torch::Device kCpu(torch::kCPU);

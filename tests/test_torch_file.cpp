@@ -12,19 +12,11 @@
 #include <fstream>
 
 #include "common/torch_file.h"
+#include "scratch_files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
 
 // A string literal's bytes, NULs included.
 template <std::size_t N>
@@ -34,12 +26,7 @@ std::string bytes_of(const char (&literal)[N]) {
 
 class TorchFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string name = (fs::temp_directory_path() / "torch-file-test-XXXXXX").string();
-    folder_ = ::mkdtemp(name.data());
-  }
-  void TearDown() override { fs::remove_all(folder_); }
-  std::string file(const std::string& name) const { return (folder_ / name).string(); }
+  std::string file(const std::string& name) const { return scratch_.file(name); }
 
   // A state_dict in torch.save's format: {"weight": [2, 3], "bias": [2]}.
   std::string state_dict(const std::string& name) const {
@@ -85,7 +72,7 @@ class TorchFileTest : public ::testing::Test {
   }
 
  private:
-  fs::path folder_;
+  Scratch scratch_;
 };
 
 // Tests that the files LibTorch and Python write pass, and read back as they were written.
