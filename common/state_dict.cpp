@@ -322,8 +322,7 @@ std::int64_t read_archive_int(torch::serialize::InputArchive& archive, const std
                               const std::string& path, const std::string& what) {
   c10::IValue value;
   if (!archive.try_read(key, value) || !value.isInt()) {
-    throw CheckpointError(path + " has no '" + key + "': " + what,
-                          "restore a backup, or delete it to start over");
+    throw CheckpointError(path + " has no '" + key + "': " + what, kDamagedHint);
   }
   return value.toInt();
 }
@@ -332,8 +331,7 @@ void load_adam_checked(torch::optim::Adam& optimizer, torch::serialize::InputArc
                        const std::string& path) {
   c10::IValue version;  // Adam::save writes it first: without it, this is no optimizer state
   if (!state.try_read("pytorch_version", version)) {
-    throw CheckpointError(path + " has no optimizer state",
-                          "restore a backup, or delete it to start over");
+    throw CheckpointError(path + " has no optimizer state", kDamagedHint);
   }
   try {
     optimizer.load(state);

@@ -31,6 +31,9 @@ class CheckpointError : public CourseError {
   using CourseError::CourseError;
 };
 
+/// The HINT for a checkpoint that is damaged, cut short or not whole.
+constexpr const char* kDamagedHint = "restore a backup, or delete it to start over";
+
 /// Throws CheckpointError naming `flag` when `path` (a file to be written; empty: none) lies in a
 /// folder that does not exist or that this process may not write into: found before the
 /// training, not after it.

@@ -38,7 +38,7 @@
 #include "common/dataset.h"           // defines: FashionMNIST
 #include "common/device.h"            // defines: cuda_device_count, format_bytes
 #include "common/generator.h"         // defines: rng_state, set_rng_state
-#include "common/interrupt.h"         // defines: StopOnInterrupt, stop_requested, Interrupted
+#include "common/interrupt.h"         // defines: StopOnInterrupt, Interrupted
 #include "common/report.h"            // defines: format
 #include "common/state_dict.h"        // defines: CheckpointError, checked_copies, tensor_crc32, ...
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
@@ -185,7 +185,7 @@ void save_checkpoint(Training& run, const Progress& progress, const torch::Devic
 //! [save-checkpoint]
 
 // ---- part 4: loading, defensively --------------------------------------------------------------
-const char* const kDamagedHint = "restore a backup, or delete it to start over";
+using course::kDamagedHint;  // "restore a backup, or delete it to start over"
 
 //! [open-archive]
 // Opens a LibTorch archive, every tensor made on `device` (map_location). A stranger's file is
@@ -377,8 +377,8 @@ Training resume_or_start(const Lesson& lesson, const std::string& checkpoint, Pr
                          std::unique_ptr<TrainLoader>& loader, bool as_lesson10 = false) {
   progress = lesson.fresh;
   Training run(lesson.device, lesson.seed);
-  loader = course::make_train_loader(lesson.train, progress.batch_size,
-                                     kWorkers);  // draws: before the restore
+  // The loader draws its first order now: before a restore puts the saved generator state back.
+  loader = course::make_train_loader(lesson.train, progress.batch_size, kWorkers);
   if (checkpoint.empty()) return run;
   if (!fs::exists(checkpoint)) {
     std::cout << "  no checkpoint at " << checkpoint << " yet: starting from epoch 0\n";
@@ -542,11 +542,11 @@ void refuse_bad_files(Lesson& lesson, Training& run, const Progress& progress) {
     const bool same = course::max_abs_diff(victim.model->parameters(), before) == 0;
     untouched += same && victim.optimizer.state().empty() ? 1 : 0;
   }
-  const std::string count = std::to_string(bad_files.size());
-  lesson.verdict.check(refused == static_cast<int>(bad_files.size()) && untouched == refused,
-                       "every bad checkpoint is refused with a clear error, the model untouched",
-                       std::to_string(refused) + "/" + count + " refused, " +
-                           std::to_string(untouched) + "/" + count + " untouched");
+  const int count = static_cast<int>(bad_files.size());
+  lesson.verdict.check(
+      refused == count && untouched == count,
+      "every bad checkpoint is refused with a clear error, the model untouched",
+      course::format("%d/%d refused, %d/%d untouched", refused, count, untouched, count));
 }
 
 }  // namespace lesson12
