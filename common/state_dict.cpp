@@ -365,4 +365,10 @@ double max_adam_diff(const torch::optim::Adam& a, const std::vector<at::Tensor>&
   return diff;
 }
 
+double max_state_diff(const torch::nn::Module& a, const torch::optim::Adam& a_adam,
+                      const torch::nn::Module& b, const torch::optim::Adam& b_adam) {
+  return std::max(max_abs_diff(a.parameters(), b.parameters()),
+                  max_adam_diff(a_adam, a.parameters(), b_adam, b.parameters()));
+}
+
 }  // namespace course

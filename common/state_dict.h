@@ -142,5 +142,9 @@ void load_adam_checked(torch::optim::Adam& optimizer, torch::serialize::InputArc
 /// differs or one has a state the other lacks.
 double max_adam_diff(const torch::optim::Adam& a, const std::vector<at::Tensor>& a_parameters,
                      const torch::optim::Adam& b, const std::vector<at::Tensor>& b_parameters);
+/// The largest difference between two models' parameters and their Adams' states (0: equal):
+/// max_abs_diff over the parameters, max_adam_diff over the states.
+double max_state_diff(const torch::nn::Module& a, const torch::optim::Adam& a_adam,
+                      const torch::nn::Module& b, const torch::optim::Adam& b_adam);
 
 }  // namespace course

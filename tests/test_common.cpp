@@ -1053,6 +1053,10 @@ TEST(StateDict, AdamStateByParameter) {
   torch::serialize::InputArchive archive = archive_of(saved.str());
   EXPECT_EQ(refusal_of([&] { course::load_adam_checked(again, archive, "ok.pt"); }), "");
   EXPECT_EQ(course::max_adam_diff(adam, model->parameters(), again, copy->parameters()), 0.0);
+  // max_state_diff: the same Adam state over other parameters differs; a model and Adam with
+  // themselves do not.
+  EXPECT_GT(course::max_state_diff(*model, adam, *copy, again), 0.0);
+  EXPECT_EQ(course::max_state_diff(*model, adam, *model, adam), 0.0);
   torch::optim::Adam wider(wide->parameters(), torch::optim::AdamOptions(1e-3));
   archive = archive_of(saved.str());
   EXPECT_NE(refusal_of([&] { course::load_adam_checked(wider, archive, "w.pt"); })

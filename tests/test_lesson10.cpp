@@ -118,7 +118,7 @@ TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
   tag_storages_cuda(scratch.file("run.pt"), scratch.file("run-cuda.pt"));
   EXPECT_EQ(
       lesson10::load_checkpoint(resumed, *resumed_optimizer, scratch.file("run-cuda.pt"), kCpu), 1);
-  EXPECT_EQ(lesson10::state_diff(resumed, *resumed_optimizer, model, *optimizer), 0.0);
+  EXPECT_EQ(course::max_state_diff(*resumed, *resumed_optimizer, *model, *optimizer), 0.0);
   EXPECT_TRUE(
       course::adam_state(*resumed_optimizer, resumed->fc1->weight)->exp_avg().device().is_cpu());
 }
@@ -133,7 +133,7 @@ TEST_F(CheckpointTest, CheckpointResumesModelAdamAndEpoch) {
   std::int64_t saved =
       lesson10::load_checkpoint(resumed, *resumed_optimizer, scratch.file("run.pt"), kCpu);
   EXPECT_EQ(saved, 1);
-  EXPECT_EQ(lesson10::state_diff(resumed, *resumed_optimizer, model, *optimizer), 0.0);
+  EXPECT_EQ(course::max_state_diff(*resumed, *resumed_optimizer, *model, *optimizer), 0.0);
   const auto* state = course::adam_state(*resumed_optimizer, resumed->fc2->weight);
   ASSERT_NE(state, nullptr);
   EXPECT_EQ(state->step(), (kSamples + lesson10::kBatchSize - 1) / lesson10::kBatchSize);
@@ -143,7 +143,7 @@ TEST_F(CheckpointTest, CheckpointResumesModelAdamAndEpoch) {
   ANN again;
   auto again_optimizer = adam_for(again);
   EXPECT_EQ(lesson10::load_checkpoint(again, *again_optimizer, scratch.file("run.pt"), kCpu), 2);
-  EXPECT_EQ(lesson10::state_diff(again, *again_optimizer, resumed, *resumed_optimizer), 0.0);
+  EXPECT_EQ(course::max_state_diff(*again, *again_optimizer, *resumed, *resumed_optimizer), 0.0);
 }
 
 // A module of the tutorial's names with a wider first layer: another model's file.
@@ -236,7 +236,7 @@ TEST_F(CudaTest, WeightsMoveBetweenCpuAndCuda) {
   auto resumed_optimizer = adam_for(resumed);
   EXPECT_EQ(
       lesson10::load_checkpoint(resumed, *resumed_optimizer, scratch.file("gpu-run.pt"), kCpu), 1);
-  EXPECT_EQ(lesson10::state_diff(resumed, *resumed_optimizer, on_gpu, *optimizer), 0.0);
+  EXPECT_EQ(course::max_state_diff(*resumed, *resumed_optimizer, *on_gpu, *optimizer), 0.0);
   EXPECT_TRUE(
       course::adam_state(*resumed_optimizer, resumed->fc1->weight)->exp_avg().device().is_cpu());
   lesson10::save_weights(on_cpu, scratch.file("cpu.pt"));

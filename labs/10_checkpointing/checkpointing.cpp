@@ -248,14 +248,6 @@ std::string evidence(const char* format, double a, double b = 0) {  // printf, i
   return text;
 }
 
-// The largest difference between two models and their Adams' states (0: equal).
-double state_diff(ANN& a, torch::optim::Adam& a_optimizer, ANN& b,
-                  torch::optim::Adam& b_optimizer) {
-  return std::max(
-      course::max_abs_diff(a->parameters(), b->parameters()),
-      course::max_adam_diff(a_optimizer, a->parameters(), b_optimizer, b->parameters()));
-}
-
 // The recipe, in a temporary folder: the tutorial's program saved after every epoch and stopped
 // half way; its weights saved and loaded onto the device; the run resumed in `resumed`.
 void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer) {
@@ -286,7 +278,8 @@ void recipe(Run& run, ANN& resumed, torch::optim::Adam& resumed_optimizer) {
 
   std::cout << "\n== 3. Resume: the checkpoint loaded into a fresh ANN and Adam ==\n";
   std::int64_t saved = load_checkpoint(resumed, resumed_optimizer, checkpoint, run.device);
-  const double resumed_diff = state_diff(resumed, resumed_optimizer, model, optimizer);
+  const double resumed_diff =
+      course::max_state_diff(*resumed, resumed_optimizer, *model, optimizer);
   run.verdict.check(resumed_diff == 0 && saved == stop,
                     "the checkpoint gives back the model, Adam's state and the epoch",
                     evidence("max abs diff %g, epoch %.0f", resumed_diff, double(saved)));

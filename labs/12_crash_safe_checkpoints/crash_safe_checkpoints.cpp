@@ -410,9 +410,7 @@ void check_reload(Lesson& lesson, const std::string& path, Training& run,
   Training back(device, lesson.seed);
   const Loaded loaded = load_checkpoint(back, device, path);
   const double diff =
-      std::max(course::max_abs_diff(back.model->parameters(), run.model->parameters()),
-               course::max_adam_diff(back.optimizer, back.model->parameters(), run.optimizer,
-                                     run.model->parameters()));
+      course::max_state_diff(*back.model, back.optimizer, *run.model, run.optimizer);
   const auto* adam = course::adam_state(back.optimizer, back.model->fc1->weight);
   lesson.verdict.check(diff == 0 && adam != nullptr && adam->exp_avg().device() == device,
                        "the " + loaded.saved_on + " checkpoint loads on " + device.str() +
