@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -266,7 +267,9 @@ namespace {
   pointer << p.unsafeGetTensorImpl();
   return key == pointer.str();
 }
-[[maybe_unused]] bool is_key_of(const void* key, const at::Tensor& p) { return key == p.unsafeGetTensorImpl(); }
+[[maybe_unused]] bool is_key_of(const void* key, const at::Tensor& p) {
+  return key == p.unsafeGetTensorImpl();
+}
 }  // namespace
 
 const torch::optim::AdamParamState* adam_state(const torch::optim::Adam& optimizer,
@@ -369,6 +372,46 @@ double max_state_diff(const torch::nn::Module& a, const torch::optim::Adam& a_ad
                       const torch::nn::Module& b, const torch::optim::Adam& b_adam) {
   return std::max(max_abs_diff(a.parameters(), b.parameters()),
                   max_adam_diff(a_adam, a.parameters(), b_adam, b.parameters()));
+}
+
+std::vector<std::pair<std::string, StateDict>> misfit_state_dicts(const StateDict& tensors) {
+  StateDict wider = tensors, fewer = tensors, more = tensors;
+  if (!tensors.empty()) {
+    std::vector<std::int64_t> shape = tensors.front().second.sizes().vec();
+    if (!shape.empty()) shape[0] *= 2;
+    wider.front().second = at::zeros(shape, tensors.front().second.options());
+    fewer.pop_back();
+  }
+  more.emplace_back("extra.weight", at::zeros({1}));
+  return {{"wrong shape", wider}, {"missing key", fewer}, {"extra key", more}};
+}
+
+std::vector<std::pair<std::string, std::string>> write_damaged_copies(const std::string& path,
+                                                                      const std::string& folder,
+                                                                      std::uint32_t seed) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  std::string noise(bytes.size(), '\0');
+  std::mt19937 random(seed);
+  for (char& c : noise) c = static_cast<char>(random());
+  const std::string name = fs::path(path).filename().string();
+  const std::string missing = (fs::path(folder) / ("missing-" + name)).string();
+  fs::remove(missing);
+  std::vector<std::pair<std::string, std::string>> copies = {{"missing file", missing}};
+  const auto write = [&](const std::string& what, const std::string& prefix,
+                         const std::string& content) {
+    const std::string file = (fs::path(folder) / (prefix + name)).string();
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << content;
+    if (!out.flush()) throw std::runtime_error("cannot write " + file);
+    copies.emplace_back(what, file);
+  };
+  write("empty file", "empty-", "");
+  write("truncated (half)", "half-", bytes.substr(0, bytes.size() / 2));
+  write("truncated (last byte)", "short-", bytes.substr(0, bytes.empty() ? 0 : bytes.size() - 1));
+  write("random bytes", "random-", noise);
+  return copies;
 }
 
 }  // namespace course

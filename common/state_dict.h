@@ -3,7 +3,8 @@
 // weights_only=True) reads; a strict load_state_dict (every name and shape checked, all or
 // nothing); the checks of a LibTorch archive (torch::save, OutputArchive) before LibTorch reads
 // it and before torch::load or Module::load takes its shapes; Adam's state per parameter; and
-// CRC-32s of tensors and of Adam's state (a checkpoint's own checksum).
+// CRC-32s of tensors and of Adam's state (a checkpoint's own checksum); damaged files and other
+// models' state_dicts, to show a loader refusing them.
 // The file format's own checks are common/torch_file.h's.
 #pragma once
 
@@ -146,5 +147,18 @@ double max_adam_diff(const torch::optim::Adam& a, const std::vector<at::Tensor>&
 /// max_abs_diff over the parameters, max_adam_diff over the states.
 double max_state_diff(const torch::nn::Module& a, const torch::optim::Adam& a_adam,
                       const torch::nn::Module& b, const torch::optim::Adam& b_adam);
+
+/// Three state_dicts that a model whose state_dict is `tensors` must refuse (another model's):
+/// {"wrong shape": the first tensor's first dimension doubled}, {"missing key": the last tensor
+/// left out}, {"extra key": a tensor "extra.weight" added}.
+std::vector<std::pair<std::string, StateDict>> misfit_state_dicts(const StateDict& tensors);
+
+/// Copies of the file at `path` damaged as files break in practice, written into `folder`:
+/// {what, file} for a missing file (none is written there), an empty one, one cut in half, one
+/// short of its last byte, and random bytes of its size drawn from `seed`. std::runtime_error
+/// when `path` cannot be read or a copy cannot be written.
+std::vector<std::pair<std::string, std::string>> write_damaged_copies(const std::string& path,
+                                                                      const std::string& folder,
+                                                                      std::uint32_t seed);
 
 }  // namespace course

@@ -933,24 +933,47 @@ TEST(StateDict, LoadIsStrictAndAllOrNothing) {
   EXPECT_TRUE(torch::equal(model->fc1->weight, other->fc1->weight));
 }
 
-// Writes `bytes` to `path` damaged in 308 ways, calling `check(what)` after each: truncated at 97
-// offsets from 0 to the whole file less a 97th, then with one byte changed at 211 positions spread
-// evenly over it (the zip's headers, the pickles, the tensors).
-constexpr int kDamagedCopies = 97 + 211;
-void damage_everywhere(const std::string& bytes, const std::string& path,
-                       const std::function<void(const std::string&)>& check) {
-  for (int i = 0; i <= 96; ++i) {
-    const std::size_t keep = bytes.size() * static_cast<std::size_t>(i) / 97;
-    write_bytes(path, bytes.substr(0, keep));
-    check("truncated to " + std::to_string(keep));
+// Tests the other models' state_dicts a lesson shows its loader refusing: each is refused by the
+// strict load for the reason its name gives.
+TEST(StateDict, MisfitStateDictsAreRefusedForTheirReason) {
+  Tiny model;
+  const auto misfits = course::misfit_state_dicts(course::state_dict(*model));
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"wrong shape", "'fc1.weight' is [8, 3] Float in the file but [4, 3] Float in the model"},
+      {"missing key", "has no 'out.bias'"},
+      {"extra key", "has 'extra.weight', which the model does not have"}};
+  ASSERT_EQ(misfits.size(), expected.size());
+  for (std::size_t i = 0; i < misfits.size(); ++i) {
+    EXPECT_EQ(misfits[i].first, expected[i].first);
+    const std::string refusal = refusal_of(
+        [&] { course::load_state_dict(*model, misfits[i].second, "file.pt", "the fix"); });
+    EXPECT_NE(refusal.find(expected[i].second), std::string::npos) << refusal;
   }
-  for (int i = 0; i < 211; ++i) {
-    std::string copy = bytes;
-    const std::size_t at = (copy.size() - 1) * static_cast<std::size_t>(i) / 210;
-    copy[at] = static_cast<char>(copy[at] ^ 0x5a);
-    write_bytes(path, copy);
-    check("byte " + std::to_string(at) + " changed");
+}
+
+// Tests the damaged copies of a file a lesson shows its loader refusing: each is in the folder and
+// damaged as its name says, the random bytes the same for one seed; an unreadable file throws.
+TEST(StateDict, DamagedCopiesAreDamagedAsNamed) {
+  Scratch scratch;
+  const std::string bytes(1001, 'x');
+  write_bytes(scratch.file("run.pt"), bytes);
+  const auto copies = course::write_damaged_copies(scratch.file("run.pt"), scratch.path(), 7);
+  ASSERT_EQ(copies.size(), 5u);
+  for (const auto& [what, file] : copies) {
+    EXPECT_EQ(std::filesystem::path(file).parent_path(), scratch.path()) << what;
   }
+  EXPECT_EQ(copies[0].first, "missing file");
+  EXPECT_FALSE(std::filesystem::exists(copies[0].second));
+  EXPECT_EQ(read_bytes(copies[1].second), "");
+  EXPECT_EQ(read_bytes(copies[2].second), bytes.substr(0, 500));
+  EXPECT_EQ(read_bytes(copies[3].second), bytes.substr(0, 1000));
+  const std::string noise = read_bytes(copies[4].second);
+  EXPECT_EQ(noise.size(), bytes.size());
+  EXPECT_NE(noise, bytes);
+  course::write_damaged_copies(scratch.file("run.pt"), scratch.path(), 7);
+  EXPECT_EQ(read_bytes(copies[4].second), noise);
+  EXPECT_THROW(course::write_damaged_copies(scratch.file("none.pt"), scratch.path(), 7),
+               std::runtime_error);
 }
 
 // Tests the reader of Python's state_dicts against damage everywhere: a file written for Python,

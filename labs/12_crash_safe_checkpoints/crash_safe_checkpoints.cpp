@@ -23,11 +23,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -67,8 +65,8 @@ constexpr std::int64_t kSaveLoopBytes = 32ll << 20;  // large enough that most k
 constexpr std::int64_t kFormatVersion = 1;  // what a checkpoint says it holds: others are refused
 constexpr const char* kModelName = "ANN 784-128-64-10 + Adam";
 
-// ---- lesson 10's model, data and loop ----------------------------------------------------------
-// The tutorial's ANN (fc1, fc2, out), its loader and one epoch of its loop: common/ann.h.
+// ---- lesson 10's model, data and loop: the tutorial's ANN (fc1, fc2, out), its loader and one
+// epoch of its loop, from common/ann.h ------------------------------------------------------------
 using course::ANN;
 
 // A run's model (the seed's first weights, on the device) and Adam, built after the move.
@@ -129,8 +127,7 @@ void write_atomically(const std::string& path, const std::function<void(const Si
             " is untouched");
   }
   // 3. the folder, which records the rename, is flushed too: a power cut must not undo it.
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
+  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY); dir >= 0) {
     ::fsync(dir);
     ::close(dir);
   }
@@ -209,9 +206,8 @@ std::int64_t read_int(torch::serialize::InputArchive& archive, const std::string
 /// What loading found besides the progress.
 struct Loaded {
   Progress progress;
-  std::string saved_on;            ///< the device the checkpoint was saved from ("cpu", "cuda:0")
-  bool cuda_rng = false;           ///< the checkpoint holds a CUDA generator state...
-  bool cuda_rng_restored = false;  ///< ...and it was restored (only onto a CUDA device)
+  std::string saved_on;   ///< the device the checkpoint was saved from ("cpu", "cuda:0")
+  bool cuda_rng = false;  ///< it holds a CUDA generator state (restored only onto a CUDA device)
 };
 
 //! [load-checkpoint]
@@ -283,7 +279,6 @@ Loaded load_checkpoint(Training& run, const torch::Device& device, const std::st
   run.optimizer.load(optimizer_state_dict);  // what the spare Adam took, checked
   course::set_rng_state(torch::kCPU, cpu_rng);
   if (use_cuda_rng) course::set_rng_state(device, cuda_rng);
-  loaded.cuda_rng_restored = use_cuda_rng;
   return loaded;
 }
 //! [load-checkpoint]
@@ -396,7 +391,7 @@ Training resume_or_start(const Lesson& lesson, const std::string& checkpoint, Pr
   std::cout << "  resumed from " << checkpoint << ": epoch " << progress.epoch << ", step "
             << progress.step << " (saved on " << loaded.saved_on << ")"
             << (as_lesson10 ? "; the generators as lesson 10 leaves them" : "") << "\n";
-  if (loaded.cuda_rng && !loaded.cuda_rng_restored) {
+  if (loaded.cuda_rng && !lesson.device.is_cuda()) {
     std::cout << "  note: its CUDA generator state is not restored on " << lesson.device << "\n";
   }
   //! [resume]
@@ -421,8 +416,7 @@ void check_reload(Lesson& lesson, const std::string& path, Training& run,
 // Part 1: an uninterrupted run against one stopped, saved and resumed in a fresh model and Adam,
 // the generators restored (this lesson) or not (lesson 10).
 Training resume_exactly(Lesson& lesson, int epochs, Progress& progress) {
-  // Bitwise equality needs reproducible arithmetic: on the CPU, one thread (MKL's threads may
-  // split a sum differently from one run to the next).
+  // Bitwise equality needs one CPU thread: MKL's threads may split a sum differently each run.
   std::optional<course::CpuThreads> reproducible;
   if (lesson.device.is_cpu()) reproducible.emplace(1);
   std::cout << "\n== Part 1: save every epoch, stop, resume: the same run ==\nuninterrupted"
@@ -431,8 +425,7 @@ Training resume_exactly(Lesson& lesson, int epochs, Progress& progress) {
   std::unique_ptr<TrainLoader> loader;
   Training straight = resume_or_start(lesson, "", progress, loader);
   train_to(straight, progress, epochs, *loader, lesson.device, "");
-  std::cout << "stopped after " << kResumeAt
-            << " epochs, then resumed in a fresh model and Adam:\n";
+  std::printf("stopped after %d epochs, then resumed in a fresh model and Adam:\n", kResumeAt);
   const std::string run_pt = lesson.file("run.pt"), stopped = lesson.file("stopped.pt");
   {
     Training first = resume_or_start(lesson, stopped, progress, loader);
@@ -489,46 +482,26 @@ void kill_while_saving(Lesson& lesson, int kills) {
 // Part 4: bad files, each refused with one line and a HINT, the model and Adam left as they were.
 void refuse_bad_files(Lesson& lesson, Training& run, const Progress& progress) {
   std::cout << "\n== Part 4: bad checkpoints ==\n";
-  const auto write = [&](const std::string& name, const std::string& content) {
-    std::ofstream(lesson.file(name), std::ios::binary) << content;
-    return name;
-  };
-  const auto save = [&](const std::string& name, const course::StateDict& tensors) {
-    save_checkpoint(run, progress, lesson.device, lesson.file(name), tensors);
-    return name;
-  };
-  std::ifstream in(lesson.file("run.pt"), std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  std::string noise(4096, '\0');
-  std::mt19937 random(7);
-  for (char& c : noise) c = static_cast<char>(random());
-  course::StateDict wider = course::state_dict(*run.model), fewer = wider, more = wider;
-  wider[0].second = torch::zeros({256, 784});  // another model: a wider first layer,
-  wider[1].second = torch::zeros({256});
-  fewer.pop_back();                                         // a layer missing,
-  more.emplace_back("fc4.weight", torch::zeros({10, 10}));  // a layer extra
-  course::write_python_state_dict(course::state_dict(*run.model), lesson.file("python.pt"));
-  const std::vector<std::pair<std::string, std::string>> bad_files = {
-      {"missing file", "no-such-file.pt"},
-      {"empty file", write("empty.pt", "")},
-      {"truncated (half)", write("truncated.pt", bytes.substr(0, bytes.size() / 2))},
-      {"truncated (last byte)", write("truncated1.pt", bytes.substr(0, bytes.size() - 1))},
-      {"random bytes", write("random.pt", noise)},
-      {"wrong shape", save("wider.pt", wider)},
-      {"missing key", save("fewer.pt", fewer)},
-      {"extra key", save("more.pt", more)},
-      {"a state_dict for Python", "python.pt"}};
+  // Missing, empty, cut in half, short of its last byte, random bytes (common/state_dict.h):
+  auto bad_files = course::write_damaged_copies(lesson.file("run.pt"), lesson.work, 7);
+  // Checkpoints of another model: a wider first layer, a layer missing, a layer extra.
+  for (const auto& [what, tensors] : course::misfit_state_dicts(course::state_dict(*run.model))) {
+    bad_files.emplace_back(what, lesson.file(what.substr(0, what.find(' ')) + ".pt"));
+    save_checkpoint(run, progress, lesson.device, bad_files.back().second, tensors);
+  }
+  bad_files.emplace_back("a state_dict for Python", lesson.file("python.pt"));
+  course::write_python_state_dict(course::state_dict(*run.model), bad_files.back().second);
   int refused = 0, untouched = 0;
-  for (const auto& [what, name] : bad_files) {
+  for (const auto& [what, path] : bad_files) {
     Training victim(lesson.device, lesson.seed);
     std::vector<torch::Tensor> before;
     for (const auto& p : victim.model->parameters()) before.push_back(p.detach().clone());
     try {
-      load_checkpoint(victim, lesson.device, lesson.file(name));
+      load_checkpoint(victim, lesson.device, path);
       std::printf("  %-24s LOADED (it should not)\n", what.c_str());
     } catch (const CheckpointError& e) {
       std::string message = e.what();  // shorter lines: the file's name without its folder
-      message.replace(message.find(lesson.file(name)), lesson.file(name).size(), name);
+      message.replace(message.find(path), path.size(), fs::path(path).filename().string());
       std::printf("  %-24s error: %s\n", what.c_str(), message.c_str());
       if (refused++ == 0) std::printf("  %-24s HINT: %s\n", "", e.hint().c_str());
     }
