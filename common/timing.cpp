@@ -54,6 +54,13 @@ Timing summarize(const std::vector<double>& seconds) {
   return timing;
 }
 
+Timing per_piece(Timing t, double count) {
+  t.median_s /= count;
+  t.min_s /= count;
+  t.max_s /= count;
+  return t;
+}
+
 std::string describe(const Timing& timing, const char* unit) {
   char text[160];
   std::snprintf(text, sizeof text, "%.3f %s (%.3f-%.3f, %d runs)", timing.median_s, unit,

@@ -42,6 +42,8 @@ Timing time_median(const std::function<void()>& work, const c10::Device& device,
                    int runs);
 /// The median, fastest and slowest of timings already taken (all zero when there are none).
 Timing summarize(const std::vector<double>& seconds);
+/// The timing of one of `count` equal pieces of work timed together: `t`'s times over `count`.
+Timing per_piece(Timing t, double count);
 
 /// How many ATen operators one call of `work` dispatches, on every thread (autograd runs a GPU's
 /// backward on threads of its own): counted with LibTorch's RecordFunction callbacks, nested

@@ -696,6 +696,11 @@ TEST(Timing, Summarize) {
   EXPECT_EQ(none.runs, 0);
   EXPECT_EQ(none.median_s, 0.0);
   EXPECT_FALSE(course::looks_busy(none));
+  const course::Timing one = course::per_piece(t, 4);  // four steps timed together: one of them
+  EXPECT_EQ(one.runs, 4);
+  EXPECT_DOUBLE_EQ(one.min_s, 0.025);
+  EXPECT_DOUBLE_EQ(one.max_s, 0.125);
+  EXPECT_DOUBLE_EQ(one.median_s, 0.0625);
 }
 
 // Tests that under a StopOnInterrupt a SIGINT only sets the stop request (the process goes on),

@@ -7,23 +7,22 @@
 //     scale(loss).backward(), step(optimizer) and update(), here in the tutorial's Fashion-MNIST
 //     program (lesson 05's ANN, loaders and evaluation);
 //   - autocast runs the ops that gain from it (linear, matmul) in a 16-bit type and keeps the ones
-//     that need range (losses) in fp32; the parameters, their gradients and the optimizer stay
-//     fp32. Which op does what is printed, not assumed: the CPU and CUDA policies differ;
-//   - fp16 (used on CUDA) has a narrow range: the scaler multiplies the loss so that small
-//     gradients survive, divides them back, skips steps that overflowed and adapts its factor.
-//     bf16 (the CPU's autocast type) has fp32's range: there the scaler is built disabled and
-//     passes everything through, as Python's GradScaler(enabled=False) does;
-//   - on a GPU, tensor cores run 16-bit matmuls several times faster; on a CPU it depends on the
-//     CPU: the lesson measures it rather than promising it.
+//     that need range (losses) in fp32; parameters, gradients and the optimizer stay fp32. The
+//     CPU and CUDA policies differ: which op does what is printed, not assumed;
+//   - fp16 (CUDA's) has a narrow range: the scaler multiplies the loss so that small gradients
+//     survive, divides them back, skips steps that overflowed and adapts its factor. bf16 (the
+//     CPU's) has fp32's range: there the scaler is built disabled, as GradScaler(enabled=False);
+//   - a GPU's tensor cores run 16-bit matmuls faster; a CPU may not: the lesson measures it.
 // LibTorch has neither torch.autocast nor GradScaler: common/autocast.h and common/grad_scaler.h
 // are thin C++ versions of Python's, and their headers name every LibTorch call they make.
 //
 // Run:    build/bin/lesson08_mixed_precision [--device auto|cpu|cuda|cuda:N] [--epochs N]
 //                                            [--data-dir DIR] [--seed N] [--threads N] [--quick]
 // Checks: under autocast linear/matmul give 16-bit results, cross-entropy and the weight gradient
-//         fp32; the scaler skips a step with an inf gradient and halves its scale, and doubles it
-//         after growth_interval clean steps; the test accuracy with the AMP loop is within
-//         kAccuracyMargin of fp32's. Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
+//         fp32; 1e-8 is zero in fp16 unless scaled first; the scaler skips a step with an inf
+//         gradient, halves its scale, and doubles it after growth_interval clean steps; the AMP
+//         loop's test accuracy is within kAccuracyMargin of fp32's. Exit 0 PASS, 1 FAIL, 2 bad
+//         flag or missing data.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::data, torch::max
 
 #include <algorithm>
@@ -38,7 +37,7 @@
 #include "common/cli.h"          // defines: Cli, start_lesson (--device, the device line)
 #include "common/dataset.h"      // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/grad_scaler.h"  // defines: GradScaler (torch.amp.GradScaler)
-#include "common/timing.h"       // defines: Stopwatch, time_median, describe_ms, looks_busy
+#include "common/timing.h"       // defines: Stopwatch, time_median, per_piece, describe_ms
 #include "common/verdict.h"      // defines: Verdict, report_error
 
 namespace lesson08 {
@@ -244,6 +243,25 @@ void check_policy(const torch::Device& device, course::Verdict& verdict) {
 }
 
 // ---- 4. The scaler and an overflow -----------------------------------------------------------
+//! [fp16-range]
+// Why fp16 needs the scaler: small gradients in fp16 as they are, and scaled first (then unscaled).
+void check_fp16_range(course::Verdict& verdict) {
+  const double scale = course::GradScalerOptions().init_scale;
+  const torch::Tensor grads = torch::tensor({1e-4f, 1e-6f, 1e-8f});
+  const torch::Tensor plain = grads.to(torch::kHalf).to(torch::kFloat);
+  const torch::Tensor scaled = (grads * scale).to(torch::kHalf).to(torch::kFloat) / scale;
+  std::printf("\nfp16: smallest normal %.3g, smallest above zero %.3g\n",
+              static_cast<float>(std::numeric_limits<c10::Half>::min()),
+              static_cast<float>(std::numeric_limits<c10::Half>::denorm_min()));
+  for (int i = 0; i < 3; ++i) {
+    std::printf("  %.0e in fp16: %.4e; scaled by %.0f first: %.4e\n", grads[i].item<float>(),
+                plain[i].item<float>(), scale, scaled[i].item<float>());
+  }
+  verdict.check(plain[2].item<float>() == 0 && scaled[2].item<float>() > 0,
+                "a 1e-8 gradient is zero in fp16, and survives when scaled first");
+}
+//! [fp16-range]
+
 // An inf gradient (what fp16 gives when a scaled gradient overflows) is skipped and halves the
 // scale; growth_interval clean steps double it. On any device: the scaler's arithmetic is fp32.
 void check_scaler(const torch::Device& device, course::Verdict& verdict) {
@@ -303,14 +321,10 @@ course::Timing time_step(std::int64_t batch, const torch::Device& device, torch:
   train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp);
   const double step_s = watch.seconds() / 2;
   batches.assign(std::clamp(static_cast<int>(kTimedRunSeconds / step_s), 1, kMaxTimedSteps), one);
-  course::Timing t = course::time_median(
+  const course::Timing t = course::time_median(
       [&] { train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp); },
       device, /*warmup=*/0, kTimedRuns);
-  const auto steps = static_cast<double>(batches.size());
-  t.median_s /= steps;
-  t.min_s /= steps;
-  t.max_s /= steps;
-  return t;
+  return course::per_piece(t, static_cast<double>(batches.size()));  // per step
 }
 //! [time-step]
 
@@ -349,6 +363,7 @@ int main(int argc, char** argv) try {
   course::Verdict verdict;
 
   check_policy(device, verdict);
+  check_fp16_range(verdict);
   check_scaler(device, verdict);
 
   // The tutorial's program twice, from the same seed: in fp32, then with the AMP loop.
