@@ -153,6 +153,20 @@ TEST(Scaler, LessonCheckPassesOnCpu) {
   EXPECT_TRUE(verdict.passed());
 }
 
+// Tests the page's claim about fp16's range: a 1e-8 gradient stored in fp16 is 0, the same
+// gradient scaled by the scaler's first scale before it is stored survives, and the lesson's
+// check says so.
+TEST(Fp16Range, SmallGradientsNeedTheScale) {
+  EXPECT_EQ(torch::tensor({1e-8f}).to(torch::kHalf).item<float>(), 0.0f);
+  const double scale = course::GradScalerOptions().init_scale;
+  EXPECT_NEAR(torch::tensor({1e-8f * static_cast<float>(scale)}).to(torch::kHalf).item<float>() /
+                  scale, 1e-8, 1e-10);
+  course::Verdict verdict;
+  lesson08::check_fp16_range(verdict);
+  EXPECT_EQ(verdict.checks(), 1);
+  EXPECT_TRUE(verdict.passed());
+}
+
 // Tests that the timing gives a time per step for each run.
 TEST(TimeStep, GivesATimePerStep) {
   const course::Timing t = lesson08::time_step(/*batch=*/8, torch::kCPU, torch::kBFloat16,
