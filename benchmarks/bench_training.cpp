@@ -1,13 +1,17 @@
 // bench_training: lesson 05's epoch (the tutorial's loop on LibTorch's data loader, 0 and 2
-// workers) beside lesson 11's faster forms: its training step (the tutorial's against the flat
-// one) and epoch (both loaders; the textbook loader with 0, 1 and 2 worker threads) on the CPU and
-// the GPU, batch sizes 64..4096, in samples per second; on the GPU also the step eager against
-// captured in a CUDA graph (batch 64 and 1024). GPU timings synchronize before reading the clock.
+// workers) beside each of lesson 11's faster forms, in samples per second: an epoch of the
+// tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
+// loader also with 0, 1 and 2 worker threads), an epoch of the flat form and (GPU) of the graphed
+// form at batch 64; the training step alone (the tutorial's against the flat one) on the CPU and
+// the GPU; on the GPU also the step eager against captured in a CUDA graph (batch 64 and 1024).
+// GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
 // The epoch benchmarks read Fashion-MNIST (--data-dir is not a benchmark flag: set
 // GPU_LESSONS_DATA_DIR, or install dataset-fashion-mnist).
 #include <torch/torch.h>
+
+#include <optional>
 
 #include "bench.h"
 #include "common/data.h"
@@ -48,12 +52,14 @@ void train_step(benchmark::State& state, const c10::Device& device) {
   const torch::Tensor images = torch::rand({batch, 784}, on);
   const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
   const lesson11::Batch on_device{images, labels};
-  lesson11::Trainer trainer = flat ? lesson11::make_trainer(device, lesson11::kSeed)
-                                   : lesson11::make_textbook_trainer(device, lesson11::kSeed);
-  bench::run_timed(state, device, [&] {  // the lesson's own steps
-    flat ? lesson11::flat_step(trainer, on_device) : lesson11::textbook_step(trainer, on_device);
-  });
-  state.SetLabel(flat ? "flat" : "textbook");
+  if (flat) {  // the lesson's own steps
+    lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
+    bench::run_timed(state, device, [&] { lesson11::flat_step(trainer, on_device); });
+  } else {
+    lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
+    bench::run_timed(state, device, [&] { lesson11::tutorial_step(trainer, on_device); });
+  }
+  state.SetLabel(flat ? "flat" : "tutorial");
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["FLOP/s"] = benchmark::Counter(kTrainFlopsPerSample * batch,
                                                 benchmark::Counter::kIsIterationInvariantRate);
@@ -72,7 +78,7 @@ void BM_DeviceAdamStepCuda(benchmark::State& state) {
   if (!bench::gpu_or_skip(state, device)) return;
   const bool graphed = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
-  lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
+  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
   lesson11::DeviceAdam adam(trainer.flat, lesson11::kLearningRate);
   lesson11::GraphedStep graph(trainer.model, trainer.flat, adam, batch, device);
   graph.batch.images.copy_(torch::rand({batch, 784}));
@@ -95,9 +101,9 @@ void epoch(benchmark::State& state, const c10::Device& device, const std::string
            std::int64_t batch, int workers) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  lesson11::Trainer trainer = lesson11::make_textbook_trainer(device, lesson11::kSeed);
+  lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
   lesson11::Loader loader(loader_name, *data, batch, device, workers);
-  bench::run_timed(state, device, [&] { lesson11::train_epoch_textbook(trainer, loader, device); });
+  bench::run_timed(state, device, [&] { lesson11::train_epoch_loaded(trainer, loader, device); });
   state.SetLabel(loader_name);
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =
@@ -106,13 +112,47 @@ void epoch(benchmark::State& state, const c10::Device& device, const std::string
 }
 
 void epoch(benchmark::State& state, const c10::Device& device) {
-  epoch(state, device, state.range(0) == 0 ? "batches" : "resident", state.range(1), 0);
+  epoch(state, device, state.range(0) == 0 ? "pinned" : "resident", state.range(1), 0);
 }
 
-// The textbook loader with 0, 1 or 2 threads gathering ahead (DataLoader's num_workers): what
+// The pinned loader with 0, 1 or 2 threads gathering ahead (DataLoader's num_workers): what
 // background loading buys when gathering a batch costs little beside its step.
 void BM_EpochWorkersCpu(benchmark::State& state) {
-  epoch(state, torch::kCPU, "batches", state.range(1), static_cast<int>(state.range(0)));
+  epoch(state, torch::kCPU, "pinned", state.range(1), static_cast<int>(state.range(0)));
+}
+
+// ---- one epoch of the flat form, and of the graphed form (CUDA), with the resident loader -------
+void flat_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
+  const course::ImageSet* data = train_set(state);
+  if (data == nullptr) return;
+  const std::int64_t batch = state.range(0);
+  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
+  lesson11::Loader loader("resident", *data, batch, device);
+  std::optional<lesson11::DeviceAdam> adam;
+  std::optional<lesson11::GraphedStep> graph;
+  if (graphed) {
+    adam.emplace(trainer.flat, lesson11::kLearningRate);
+    graph.emplace(trainer.model, trainer.flat, *adam, batch, device);
+  }
+  bench::run_timed(state, device, [&] {
+    graph ? lesson11::train_epoch_graphed(trainer.model, trainer.flat, *adam, *graph, loader,
+                                          device)
+          : lesson11::train_epoch_flat(trainer, loader, device);
+  });
+  state.SetLabel(graphed ? "graphed" : "flat");
+  state.SetItemsProcessed(state.iterations() * data->labels.size(0));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(kTrainFlopsPerSample * static_cast<double>(data->labels.size(0)),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+void BM_FlatEpochCpu(benchmark::State& state) { flat_epoch(state, torch::kCPU, false); }
+void BM_FlatEpochCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, false);
+}
+void BM_GraphedEpochCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, true);
 }
 
 // ---- one epoch of lesson 05's loop: LibTorch's data loader (RandomSampler, Stack<>, workers) ---
@@ -162,3 +202,9 @@ BENCHMARK(BM_EpochWorkersCpu)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 
     ->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EpochCuda)->ArgNames({"resident", "batch"})
     ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlatEpochCpu)->ArgNames({"batch"})->Arg(64)->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlatEpochCuda)->ArgNames({"batch"})->Arg(64)->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GraphedEpochCuda)->ArgNames({"batch"})->Arg(64)->UseManualTime()
+    ->Unit(benchmark::kMillisecond);

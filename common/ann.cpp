@@ -26,6 +26,8 @@ std::unique_ptr<TrainLoader> make_train_loader(const FashionMNIST& train_ds,
       torch::data::DataLoaderOptions().batch_size(batch_size).workers(workers));
 }
 
+//! [train-epoch]
+// for features, labels in train_loader: the tutorial's loop, as lesson 05 writes it.
 std::pair<std::int64_t, double> train_epoch(ANN& model, torch::optim::Optimizer& optimizer,
                                             TrainLoader& loader, const torch::Device& device) {
   model->train();
@@ -43,6 +45,7 @@ std::pair<std::int64_t, double> train_epoch(ANN& model, torch::optim::Optimizer&
   }
   return {steps, total_loss / static_cast<double>(steps)};
 }
+//! [train-epoch]
 
 double test_accuracy(ANN& model, const ImageSet& test, const torch::Device& device) {
   model->eval();

@@ -1,10 +1,12 @@
 // report.h defines: what a lesson prints around its figures without teaching it: printf into a
 // std::string, a progress line for a terminal, a training epoch's figures and its line (or the
-// Ctrl-C stop it ended in), and a table of timed runs (each run's speed against the run before
-// it, and a note when the timings say the machine was busy).
+// Ctrl-C stop it ended in), a run of epochs that Ctrl-C stops, how far apart two runs' losses
+// are, and a table of timed runs (each run's speed against the run before it, and a note when
+// the timings say the machine was busy).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,17 @@ struct EpochStats {
 /// Interrupted: "NAME run, epoch E of N, after S of `epoch_samples` samples; " + `stopped_note`.
 void report_epoch(const std::string& name, int e, int epochs, const EpochStats& stats,
                   std::int64_t epoch_samples, const std::string& stopped_note);
+/// A run of `epochs` epochs named `name`, each by `epoch()` and printed by report_epoch, while a
+/// StopOnInterrupt lives: a Ctrl-C stops the run after the step under way. An epoch that says it
+/// was interrupted throws there; a loop that throws Interrupted itself (train_epoch in ann.h:
+/// "after step S") is rethrown as "NAME run, epoch E of N, after step S; " + `stopped_note`.
+/// Returns each epoch's figures.
+std::vector<EpochStats> run_epochs(const std::string& name, int epochs, std::int64_t epoch_samples,
+                                   const std::function<EpochStats()>& epoch,
+                                   const std::string& stopped_note);
+/// The largest relative difference |a - b| / |b| of two runs' mean losses, epoch by epoch (over
+/// the epochs both have; 0 when none).
+double max_loss_difference(const std::vector<EpochStats>& a, const std::vector<EpochStats>& b);
 /// The epochs' seconds, the first left out when there are others: it also pays for warm-up (the
 /// allocator's first blocks, the first choice of kernels).
 Timing epoch_timing(const std::vector<EpochStats>& epochs);

@@ -1,6 +1,7 @@
 // Tests of common/report.h: printf into a string, the progress line (silent off a terminal), an
-// epoch's line or its Ctrl-C stop, the epochs' timing after the first, and the table of timed
-// runs with each run's speed against the one before it.
+// epoch's line or its Ctrl-C stop, a run of epochs and its Ctrl-C stop, how far apart two runs'
+// losses are, the epochs' timing after the first, and the table of timed runs with each run's
+// speed against the one before it.
 #include <string>
 #include <vector>
 
@@ -60,6 +61,53 @@ TEST(Report, EpochLineOrStop) {
   } catch (const course::Interrupted& e) {
     EXPECT_STREQ(e.what(), "flat run, epoch 2 of 5, after 300 of 1000 samples; nothing saved");
   }
+}
+
+// Tests a run of epochs: each epoch made and printed in turn; an epoch that says it was
+// interrupted ends the run as report_epoch does, and an epoch that throws Interrupted itself is
+// rethrown with the run's name and epoch.
+TEST(Report, RunEpochsOrStop) {
+  int made = 0;
+  testing::internal::CaptureStdout();
+  const auto epochs = course::run_epochs("pinned", 3, 100, [&] {
+    ++made;
+    return course::EpochStats{/*mean_loss=*/1.0 / made, /*seconds=*/1.0, /*samples=*/100, false};
+  }, "nothing saved");
+  const std::string shown = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(epochs.size(), 3u);
+  EXPECT_DOUBLE_EQ(epochs[2].mean_loss, 1.0 / 3);
+  EXPECT_TRUE(contains(shown, "  pinned   epoch 3/3  loss 0.3333")) << shown;
+  try {
+    testing::internal::CaptureStdout();
+    course::run_epochs("flat", 4, 100, [&] {
+      return course::EpochStats{1.0, 1.0, /*samples=*/40, /*interrupted=*/true};
+    }, "nothing saved");
+    ADD_FAILURE() << "no Interrupted";
+  } catch (const course::Interrupted& e) {
+    EXPECT_STREQ(e.what(), "flat run, epoch 1 of 4, after 40 of 100 samples; nothing saved");
+  }
+  made = 0;
+  try {
+    course::run_epochs("tutorial", 5, 100, [&]() -> course::EpochStats {
+      if (++made == 2) throw course::Interrupted("after step 7");
+      return {1.0, 1.0, 100, false};
+    }, "nothing saved");
+    ADD_FAILURE() << "no Interrupted";
+  } catch (const course::Interrupted& e) {
+    EXPECT_STREQ(e.what(), "tutorial run, epoch 2 of 5, after step 7; nothing saved");
+  }
+  testing::internal::GetCapturedStdout();
+}
+
+// Tests how far apart two runs' losses are: the largest relative difference, epoch by epoch.
+TEST(Report, MaxLossDifference) {
+  std::vector<course::EpochStats> a(3), b(3);
+  for (int e = 0; e < 3; ++e) a[e].mean_loss = b[e].mean_loss = 1.0 / (e + 1);
+  EXPECT_EQ(course::max_loss_difference(a, b), 0.0);
+  a[1].mean_loss = 0.5 * 1.01;  // 1% off in the second epoch
+  a[2].mean_loss = 1.0 / 3 * 0.999;
+  EXPECT_NEAR(course::max_loss_difference(a, b), 0.01, 1e-12);
+  EXPECT_EQ(course::max_loss_difference({}, b), 0.0);
 }
 
 // Tests that the epochs' timing leaves the first epoch out, unless it is the only one.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # interrupt.sh BINARY CASE: Ctrl-C (SIGINT) during training, sent once the first epoch is done.
 #   lesson05  the run stops at the end of the step under way, says where, and exits 130
-#   lesson11  the same, in the tutorial's loop of lesson 11
+#   lesson11  the same, in lesson 11's tutorial run (lesson 05's loop, from common/ann.h)
 #   lesson10  the same, and the checkpoint keeps the last whole epoch: no other file is left, and
 #             a second run resumes from it
 #   lesson12  the same for lesson 12's atomic checkpoint
@@ -15,7 +15,7 @@ case $case in
   lesson05) set -- --device cpu --quick --epochs 100; first="Epoch 1, " ;;
   lesson10) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100; first="Epoch 1, " ;;
   lesson12) set -- --device cpu --quick --checkpoint "$dir/run.pt" --epochs 100; first="epoch 1/100" ;;
-  lesson11) set -- --device cpu --quick --run textbook --epochs 100; first="epoch 1/100" ;;
+  lesson11) set -- --device cpu --quick --run tutorial --epochs 100; first="epoch 1/100" ;;
   *) echo "unknown case $case" >&2; exit 1 ;;
 esac
 "$binary" "$@" >"$dir/out" 2>&1 &
