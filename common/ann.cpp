@@ -1,7 +1,7 @@
-// ann.cpp: the tutorials' ANN, its data loader, one epoch of its loop and its test accuracy.
+// ann.cpp: the tutorials' ANN, its data loader and one epoch of its loop.
 #include "common/ann.h"
 
-#include <torch/torch.h>  // defines: torch::max, torch::NoGradGuard, make_data_loader
+#include <torch/torch.h>  // defines: make_data_loader
 
 #include <string>
 
@@ -46,13 +46,5 @@ std::pair<std::int64_t, double> train_epoch(ANN& model, torch::optim::Optimizer&
   return {steps, total_loss / static_cast<double>(steps)};
 }
 //! [train-epoch]
-
-double test_accuracy(ANN& model, const ImageSet& test, const torch::Device& device) {
-  model->eval();
-  torch::NoGradGuard no_grad;
-  const auto predicted = std::get<1>(torch::max(model->forward(test.images.to(device)), 1));
-  return (predicted == test.labels.to(device)).sum().item<double>() /
-         static_cast<double>(test.labels.size(0));
-}
 
 }  // namespace course

@@ -1,15 +1,19 @@
 // ann.h defines: the tutorials' Fashion-MNIST model (ANN: 784-128-64-10, fc1, fc2, out, ReLU),
 // its shuffling data loader, one epoch of its training loop and its test accuracy, for the
-// going-further lessons, whose topic is none of these. The core lessons write their own, as each
-// tutorial does.
+// lessons whose topic is none of these: the going-further lessons, and lesson 09, which wraps
+// lesson 05's loop (its loader and its test accuracy, with a model of its own). The other core
+// lessons write their own, as each tutorial does.
 #pragma once
 
 #include <torch/data.h>   // defines: torch::data::StatelessDataLoader, RandomSampler, Stack
 #include <torch/nn.h>     // defines: torch::nn::Module, torch::nn::Linear, TORCH_MODULE
 #include <torch/optim.h>  // defines: torch::optim::Optimizer
+#include <torch/types.h>  // defines: torch::max
+#include <torch/utils.h>  // defines: torch::NoGradGuard
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "common/data.h"     // defines: ImageSet
@@ -46,7 +50,15 @@ std::pair<std::int64_t, double> train_epoch(ANN& model, torch::optim::Optimizer&
                                             TrainLoader& loader, const torch::Device& device);
 
 /// The fraction of `test` that `model` (on `device`) classifies right, in eval mode under
-/// NoGradGuard, taking the class with torch::max(outputs, 1) as the tutorial does.
-double test_accuracy(ANN& model, const ImageSet& test, const torch::Device& device);
+/// NoGradGuard, taking the class with torch::max(outputs, 1) as the tutorial does. `Model` is
+/// this ANN or a lesson's own (a module holder whose forward takes the images, as the tutorial's).
+template <typename Model>
+double test_accuracy(Model& model, const ImageSet& test, const torch::Device& device) {
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto predicted = std::get<1>(torch::max(model->forward(test.images.to(device)), 1));
+  return (predicted == test.labels.to(device)).sum().template item<double>() /
+         static_cast<double>(test.labels.size(0));
+}
 
 }  // namespace course

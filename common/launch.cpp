@@ -1,16 +1,18 @@
-// launch.cpp: torchrun's environment variables, read and checked.
+// launch.cpp: torchrun's environment variables, read and checked; what a rank says when it
+// cannot join its job or loses it; the ranks of a job started on this host.
 #include "common/launch.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
 
 #include "common/child_process.h"  // defines: ChildProcess
-#include "common/verdict.h"        // defines: UsageError
+#include "common/verdict.h"        // defines: UsageError, Verdict, print_error, error_message
 
 namespace course {
 
@@ -60,8 +62,12 @@ std::optional<RankInfo> rank_from_environment() {
 
 std::vector<std::string> rank_environment(int rank, int world_size, int port) {
   const std::string r = std::to_string(rank), w = std::to_string(world_size);
-  return {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "WORLD_SIZE=" + w,
-          "LOCAL_WORLD_SIZE=" + w, "RANK=" + r, "LOCAL_RANK=" + r};
+  return {"MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + std::to_string(port),
+          "WORLD_SIZE=" + w,
+          "LOCAL_WORLD_SIZE=" + w,
+          "RANK=" + r,
+          "LOCAL_RANK=" + r};
 }
 
 int free_tcp_port() {
@@ -76,6 +82,26 @@ int free_tcp_port() {
   ::close(fd);  // port 0 asked the kernel for a free one; it stays free for a while
   if (!ok) throw std::runtime_error("free_tcp_port: no free port on 127.0.0.1");
   return ntohs(addr.sin_port);
+}
+
+CourseError join_error(const RankInfo& info, const std::exception& why) {
+  return CourseError("rank " + std::to_string(info.rank) + " could not join the job at " +
+                         info.master_addr + ":" + std::to_string(info.master_port) + ": " +
+                         error_message(why),
+                     "start all ranks within --timeout, with the same MASTER_ADDR and "
+                     "MASTER_PORT (torchrun sets them); read the other ranks' output");
+}
+
+void exit_lost_job(int rank, const std::exception& why, Verdict& verdict,
+                   const std::string& summary) {
+  print_error(
+      "rank " + std::to_string(rank) + " lost the job during training: " + error_message(why),
+      "another rank died or stopped: its own output says why");
+  verdict.check(false, "every rank finished training");
+  const int code = verdict.finish(summary);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
 }
 
 JobEnding run_local_job(const LocalJob& job) {
@@ -102,7 +128,8 @@ JobEnding run_local_job(const LocalJob& job) {
     if (failing && r == job.victim) continue;
     const auto left = job.deadline - std::chrono::duration_cast<std::chrono::milliseconds>(
                                          std::chrono::steady_clock::now() - start);
-    const std::optional<int> status = ranks[r]->wait_for(std::max(left, std::chrono::milliseconds(0)));
+    const std::optional<int> status =
+        ranks[r]->wait_for(std::max(left, std::chrono::milliseconds(0)));
     ending.hung = ending.hung || !status;
     ending.statuses.push_back(status ? *status : ranks[r]->kill());
     ending.seconds = since(start);

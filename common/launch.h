@@ -1,23 +1,27 @@
 // launch.h defines: RankInfo and rank_from_environment(), where this process stands in a
 // distributed job as PyTorch's launcher (torchrun) tells every process it starts;
 // rank_environment(), the same variables for a rank started without the launcher; free_tcp_port(),
-// a port on this host for a job's rendezvous; and run_local_job(), torchrun in miniature for tests
-// of failures: the ranks of a job started on this host, one of them stopped or killed.
+// a port on this host for a job's rendezvous; join_error() and exit_lost_job(), what a rank says
+// when it cannot join its job or loses it; and run_local_job(), torchrun in miniature for tests of
+// failures: the ranks of a job started on this host, one of them stopped or killed.
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/verdict.h"  // defines: CourseError, Verdict
 
 namespace course {
 
 /// Where this process stands in a job, from the variables torchrun sets for every rank.
 struct RankInfo {
-  int rank = 0;              ///< RANK: 0 .. world_size - 1, over all hosts
-  int world_size = 1;        ///< WORLD_SIZE: the ranks of the job
-  int local_rank = 0;        ///< LOCAL_RANK: this rank's number on its host
-  int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: the ranks on this host
+  int rank = 0;                           ///< RANK: 0 .. world_size - 1, over all hosts
+  int world_size = 1;                     ///< WORLD_SIZE: the ranks of the job
+  int local_rank = 0;                     ///< LOCAL_RANK: this rank's number on its host
+  int local_world_size = 1;               ///< LOCAL_WORLD_SIZE: the ranks on this host
   std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: the host of the rendezvous' store
   int master_port = 29500;                ///< MASTER_PORT
   bool agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True: the launcher hosts the store
@@ -37,14 +41,28 @@ std::vector<std::string> rank_environment(int rank, int world_size, int port);
 /// started on this host; another program may still take it before they do).
 int free_tcp_port();
 
+/// The error of rank `info.rank` that could not join its job (no store at MASTER_ADDR:MASTER_PORT,
+/// or the other ranks still missing after the timeout), from what c10d threw: "rank R could not
+/// join the job at ADDR:PORT: <why>", with a HINT on starting every rank alike (exit 2).
+CourseError join_error(const RankInfo& info, const std::exception& why);
+
+/// Ends rank `rank`, whose job was lost during training (a collective failed: another rank died,
+/// or stopped answering until the timeout): prints "error: rank R lost the job during training:
+/// <why>" and a HINT, checks the claim that every rank finished training as failed in `verdict`,
+/// prints its RESULT line for `summary`, and exits with its code (1) at once through std::_Exit,
+/// running no destructor: a c10d group whose peer is gone can block in its destructor, and there
+/// is nothing left to save.
+[[noreturn]] void exit_lost_job(int rank, const std::exception& why, Verdict& verdict,
+                                const std::string& summary);
+
 /// A job of ranks on this host, as run_local_job() starts it.
 struct LocalJob {
-  std::vector<std::string> argv;         ///< the program and its flags, the same for every rank
+  std::vector<std::string> argv;  ///< the program and its flags, the same for every rank
   int world_size = 2;
   std::vector<int> ranks{0, 1};          ///< the ranks started (the others never arrive)
   int port = 0;                          ///< the rendezvous' port on 127.0.0.1
   std::vector<std::string> environment;  ///< "NAME=value" added to every rank's environment
-  int signal = 0;      ///< sent to rank `victim` once it has printed a line holding `after`
+  int signal = 0;  ///< sent to rank `victim` once it has printed a line holding `after`
   int victim = 1;
   std::string after;
   std::chrono::milliseconds deadline{60000};  ///< how long the other ranks may take to end

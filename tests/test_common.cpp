@@ -1,7 +1,8 @@
 // Tests of common/: device choice, verdict and exit codes, IDX reading, Fashion-MNIST (and take(),
 // a split's first samples), memory metering, timing and synthetic data, a child process (its kills,
-// signals and environment), the checksum of a tensor, torchrun's environment variables, a
-// temporary folder, and state_dicts (Python's files, the strict load, the checks of a LibTorch
+// signals and environment), the checksum of a tensor, torchrun's environment variables (and what
+// a rank says when it cannot join or loses its job), a data-parallel job's sampler, a
+// temporary folder, the tutorials' ANN and its test accuracy, and state_dicts (Python's files, the strict load, the checks of a LibTorch
 // archive, Adam's state).
 #include <netinet/in.h>
 #include <signal.h>
@@ -36,6 +37,7 @@
 #include "common/launch.h"
 #include "common/memory.h"
 #include "common/nvml.h"
+#include "common/sampler.h"
 #include "common/state_dict.h"
 #include "common/temporary_folder.h"
 #include "scratch_files.h"
@@ -294,6 +296,70 @@ TEST(Launch, LocalJobFailsTheVictim) {
   const course::JobEnding hung = course::run_local_job(job);
   EXPECT_TRUE(hung.hung);
   EXPECT_EQ(course::describe_status(hung.statuses.at(0)), "killed by SIGKILL");
+}
+
+// Tests the error of a rank that cannot join its job: who, where, c10d's reason, and a HINT.
+TEST(Launch, JoinErrorSaysWhoAndWhere) {
+  course::RankInfo info;
+  info.rank = 1;
+  info.master_addr = "10.0.0.7";
+  info.master_port = 29511;
+  const course::CourseError e = course::join_error(info, std::runtime_error("Socket Timeout"));
+  EXPECT_STREQ(e.what(), "rank 1 could not join the job at 10.0.0.7:29511: Socket Timeout");
+  EXPECT_NE(e.hint().find("MASTER_ADDR"), std::string::npos);
+}
+
+// Tests how a rank ends once its job is lost: the error and its HINT on stderr, a FAIL verdict,
+// exit 1 at once (std::_Exit, in a child that death tests fork).
+TEST(Launch, LostJobExitsOneSayingSo) {
+  testing::FLAGS_gtest_death_test_style = "threadsafe";  // LibTorch may have started threads
+  const auto lose = [] {
+    course::Verdict verdict;
+    verdict.check(true, "a claim that held");
+    course::exit_lost_job(3, std::runtime_error("Connection closed by peer"), verdict,
+                          "lesson 99 rank 3");
+  };
+  EXPECT_EXIT(lose(), testing::ExitedWithCode(course::kExitFail),
+              "error: rank 3 lost the job during training: Connection closed by peer");
+  EXPECT_EXIT(lose(), testing::ExitedWithCode(course::kExitFail), "HINT: another rank died");
+}
+
+// ---- the sampler of a data-parallel job (sampler.h) --------------------------------------------
+// Tests that across ranks and steps every sample of an epoch is taken exactly once, and that a
+// global step's shards, in rank order, are one process's batch of world x batch.
+TEST(Sampler, EverySampleExactlyOncePerEpoch) {
+  using course::shard_indices;
+  for (std::int64_t samples : {1000, 1003, 60000}) {
+    for (int world : {1, 2, 3, 4}) {
+      for (std::int64_t batch : {7, 64}) {
+        const torch::Tensor order = course::epoch_order(samples, 9, 0);
+        const std::int64_t steps = (samples + world * batch - 1) / (world * batch);
+        std::vector<torch::Tensor> all;
+        for (std::int64_t s = 0; s < steps; ++s) {
+          std::vector<torch::Tensor> step;
+          for (int r = 0; r < world; ++r) step.push_back(shard_indices(order, s, r, world, batch));
+          const torch::Tensor together = torch::cat(step);
+          const torch::Tensor one_process = shard_indices(order, s, 0, 1, world * batch);
+          ASSERT_TRUE(torch::equal(together, one_process)) << samples << " " << world << " " << s;
+          all.push_back(together);
+        }
+        EXPECT_TRUE(torch::equal(std::get<0>(torch::cat(all).sort()), torch::arange(samples)))
+            << samples << " samples, world " << world << ", batch " << batch;
+        // No step beyond the last one, and the last one is not empty.
+        EXPECT_EQ(shard_indices(order, steps, 0, world, batch).numel(), 0);
+        EXPECT_GT(shard_indices(order, steps - 1, 0, world, batch).numel(), 0);
+      }
+    }
+  }
+}
+
+// Tests that the order depends on the seed and the epoch only: every rank draws the same one.
+TEST(Sampler, SameOrderOnEveryRankNewEachEpoch) {
+  const torch::Tensor a = course::epoch_order(500, 9, 3);
+  torch::manual_seed(123);  // the global generator plays no part
+  EXPECT_TRUE(torch::equal(a, course::epoch_order(500, 9, 3)));
+  EXPECT_FALSE(torch::equal(a, course::epoch_order(500, 9, 4)));
+  EXPECT_FALSE(torch::equal(a, course::epoch_order(500, 10, 3)));
 }
 
 // Tests that the free port is one a server can listen on.
@@ -834,6 +900,18 @@ TEST(Ann, TheTutorialsLayersNamesAndAccuracy) {
   test.labels.slice(0, 4) = (test.labels.slice(0, 4) + 1) % 10;
   model->train();
   EXPECT_DOUBLE_EQ(course::test_accuracy(model, test, torch::kCPU), 4.0 / 6.0);
+  EXPECT_FALSE(model->is_training());
+}
+
+// Tests that test_accuracy takes a lesson's own model as well (any module holder whose forward
+// takes the images): lesson 09's is a Cloneable ANN.
+TEST(Ann, TestAccuracyOfAnotherModel) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 10));
+  course::ImageSet test{torch::rand({8, 28, 28}), torch::zeros({8}, torch::kLong)};
+  test.labels = std::get<1>(model->forward(test.images).max(1)).clone();
+  test.labels.slice(0, 6) = (test.labels.slice(0, 6) + 1) % 10;  // wrong on the last two: 6/8
+  EXPECT_DOUBLE_EQ(course::test_accuracy(model, test, torch::kCPU), 6.0 / 8.0);
   EXPECT_FALSE(model->is_training());
 }
 

@@ -1,8 +1,9 @@
-// Tests of lesson 09: DataParallel's steps against one model, the sharding of an epoch across
-// ranks, the rendezvous and the collectives on real c10d groups (Gloo ranks as threads of this
-// process, meeting in a TCPStore or a HashStore), training ranks that end equal, and NCCL on a
-// GPU. The two-process jobs (a rank killed, a rank missing) are CTest tests of the binary itself
-// (tests/cmake/job_ranks.sh); lesson 14 tests what happens when ranks fail.
+// Tests of lesson 09: DataParallel's forward and its steps against one model, the rendezvous and
+// the collectives on real c10d groups (Gloo ranks as threads of this process, meeting in a
+// TCPStore or a HashStore), training ranks that end equal, and NCCL on a GPU. The sharding of an
+// epoch across ranks (common/sampler.h) is tested in test_common. The two-process jobs (a rank
+// killed, a rank missing) are CTest tests of the binary itself (tests/cmake/job_ranks.sh); lesson
+// 14 tests what happens when ranks fail.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -46,6 +47,15 @@ TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
   }
 }
 
+// Tests the tutorial's forward through DataParallel without a GPU: the model's own forward, as
+// Python's DataParallel runs the module as it is when it has no GPUs.
+TEST(Lesson09DataParallel, WithoutAGpuTheModelRunsAsItIs) {
+  torch::manual_seed(1);
+  lesson09::ANN model;
+  const torch::Tensor x = torch::randn({10, 28, 28});
+  EXPECT_TRUE(torch::equal(lesson09::data_parallel_forward(model, x), model->forward(x)));
+}
+
 // Tests that a replica is a deep copy on its device: changing it leaves the model alone.
 TEST(Lesson09DataParallel, ReplicasAreCopies) {
   lesson09::ANN model;
@@ -56,44 +66,6 @@ TEST(Lesson09DataParallel, ReplicasAreCopies) {
   }
   EXPECT_FALSE(torch::equal(replica->fc1->weight, model->fc1->weight));
   EXPECT_EQ(replica->named_parameters().keys(), model->named_parameters().keys());
-}
-
-// ---- sharding ----------------------------------------------------------------------------------
-// Tests that across ranks and steps every sample of an epoch is taken exactly once, and that a
-// global step's shards, in rank order, are one process's batch of world x batch.
-TEST(Lesson09Sharding, EverySampleExactlyOncePerEpoch) {
-  using lesson09::shard_indices;
-  for (std::int64_t samples : {1000, 1003, 60000}) {
-    for (int world : {1, 2, 3, 4}) {
-      for (std::int64_t batch : {7, 64}) {
-        const torch::Tensor order = lesson09::epoch_order(samples, 9, 0);
-        const std::int64_t steps = (samples + world * batch - 1) / (world * batch);
-        std::vector<torch::Tensor> all;
-        for (std::int64_t s = 0; s < steps; ++s) {
-          std::vector<torch::Tensor> step;
-          for (int r = 0; r < world; ++r) step.push_back(shard_indices(order, s, r, world, batch));
-          const torch::Tensor together = torch::cat(step);
-          const torch::Tensor one_process = shard_indices(order, s, 0, 1, world * batch);
-          ASSERT_TRUE(torch::equal(together, one_process)) << samples << " " << world << " " << s;
-          all.push_back(together);
-        }
-        EXPECT_TRUE(torch::equal(std::get<0>(torch::cat(all).sort()), torch::arange(samples)))
-            << samples << " samples, world " << world << ", batch " << batch;
-        // No step beyond the last one, and the last one is not empty.
-        EXPECT_EQ(shard_indices(order, steps, 0, world, batch).numel(), 0);
-        EXPECT_GT(shard_indices(order, steps - 1, 0, world, batch).numel(), 0);
-      }
-    }
-  }
-}
-
-// Tests that the order depends on the seed and the epoch only: every rank draws the same one.
-TEST(Lesson09Sharding, SameOrderOnEveryRankNewEachEpoch) {
-  const torch::Tensor a = lesson09::epoch_order(500, 9, 3);
-  torch::manual_seed(123);  // the global generator plays no part
-  EXPECT_TRUE(torch::equal(a, lesson09::epoch_order(500, 9, 3)));
-  EXPECT_FALSE(torch::equal(a, lesson09::epoch_order(500, 9, 4)));
-  EXPECT_FALSE(torch::equal(a, lesson09::epoch_order(500, 10, 3)));
 }
 
 // ---- the rendezvous and the collectives -------------------------------------------------------

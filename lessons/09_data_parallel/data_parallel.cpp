@@ -1,17 +1,16 @@
 // Lesson 09 — data parallelism: the tutorial's DataParallel and DistributedDataParallel, in C++.
 //
 // You will learn:
-//   - part 1, `nn.DataParallel(model)`: its steps written out (replicate, scatter, parallel apply,
-//     gather, gradients summed), checked against one model and timed: why DDP is preferred;
-//   - part 2, `dist.init_process_group(backend='nccl')` and `DistributedDataParallel(model)`: under
-//     torchrun each process is one rank of a c10d job (a TCPStore, Gloo or NCCL): rank 0's
-//     parameters broadcast, a shard of one shuffled order each, the gradients all-reduced after
-//     backward(); the rest of lesson 05's loop is the same. A dead or missing rank ends the job
-//     within --timeout. Lesson 14 goes further: failures made clear, silent ones caught.
+//   - part 1, `nn.DataParallel(model)`: lesson 05's loop with its forward pass made by LibTorch's
+//     torch::nn::parallel::data_parallel (all GPUs; none: the model as it is); then what that does
+//     inside, written out, checked against one model and timed: why DDP is preferred;
+//   - part 2, `torchrun`, `dist.init_process_group` and `DistributedDataParallel`: each process a
+//     rank of a c10d job (TCPStore, Gloo or NCCL): rank 0's parameters broadcast, a shard of one
+//     shuffled order each, gradients all-reduced; a dead or missing rank ends it within --timeout.
 // Run:    build/bin/lesson09_data_parallel [--device ...] [--epochs N] [--timeout S] [--quick]
 //         torchrun --no-python --nproc-per-node 2 build/bin/lesson09_data_parallel  (a rank each)
-// Checks: part 1 equals one model; every rank ends with rank 0's parameters, bit for bit; test
-//         accuracy reaches lesson 05's bar. Exit 0 PASS, 1 FAIL (or a rank lost), 2 bad input.
+// Checks: part 1 learns, its steps equal one model's; every rank ends with rank 0's parameters, bit
+//         for bit, at lesson 05's test accuracy. Exit 0 PASS, 1 FAIL (or a rank lost), 2 bad input.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, at::parallel_for
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // defines: c10d::PrefixStore
@@ -30,12 +29,14 @@
 #include <cstdio>
 #include <iostream>
 
+#include "common/ann.h"      // defines: make_train_loader, test_accuracy, FashionMNIST
 #include "common/c10d.h"     // defines: CommGroup (Gloo's and NCCL's base class), shutdown_group
 #include "common/cli.h"      // defines: Cli, start_lesson, available_cores
 #include "common/compare.h"  // defines: max_rel_diff, tolerance_for, checksum
 #include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/device.h"   // defines: cuda_device_count
-#include "common/launch.h"   // defines: RankInfo, rank_from_environment (torchrun's variables)
+#include "common/launch.h"   // defines: RankInfo, rank_from_environment, join_error, exit_lost_job
+#include "common/sampler.h"  // defines: epoch_order, shard_indices (DistributedSampler's work)
 #include "common/timing.h"   // defines: Stopwatch, time_median, describe_ms
 #include "common/verdict.h"  // defines: Verdict, CourseError, print_error, report_error
 
@@ -43,6 +44,7 @@ namespace lesson09 {
 
 // ---- knobs -----------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 9;             // the first weights and every epoch's order
+constexpr int kWorkers = 2;                    // part 1: lesson 05's DataLoader(num_workers=2)
 constexpr int kReplicas = 2;                   // part 1 on one device: replicas, a thread each
 constexpr std::int64_t kPart1Batch = 512;      // part 1: one batch, split across the replicas
 constexpr int kPart1TimedSteps = 20;           // part 1: steps timed (5 with --quick)
@@ -52,7 +54,7 @@ constexpr double kLearningRate = 1e-3;         // and Adam
 constexpr int kTimeoutSeconds = 120;           // a rank dead or missing: give up after this
 constexpr double kAccuracyBar = 0.85;          // lesson 05's, after kEpochs on all 60,000 images
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images,
-constexpr double kQuickAccuracyBar = 0.70;     // and a lower bar
+constexpr double kQuickAccuracyBar = 0.70;     // and a lower bar (part 1's, after its one epoch)
 
 // ---- the model: lesson 05's ANN -----------------------------------------------------------------
 //! [model]
@@ -73,9 +75,21 @@ struct ANNImpl : torch::nn::Cloneable<ANNImpl> {
 TORCH_MODULE(ANN);
 //! [model]
 
-// ---- part 1: DataParallel, written out --------------------------------------------------------
+// ---- part 1: nn.DataParallel, one process ------------------------------------------------------
+//! [data-parallel-forward]
+// outputs = model(features), the model wrapped in nn.DataParallel: LibTorch has a function for it
+// (its header needs CUDA), which splits the batch over every GPU and gathers the outputs where the
+// labels are. Without a GPU, Python's DataParallel runs the module as it is, and so does this.
+torch::Tensor data_parallel_forward(ANN& model, const torch::Tensor& features) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (features.is_cuda())
+    return torch::nn::parallel::data_parallel(model, features, /*devices=*/{}, features.device());
+#endif
+  return model->forward(features);
+}
+//! [data-parallel-forward]
 //! [data-parallel-step]
-// nn.DataParallel(model)(images), the loss and backward(): a replica of `model` on each of
+// What data_parallel does inside, then the loss and backward(): a replica of `model` on each of
 // `devices` (a device may repeat: replicas then share it). The gradients end on `model`.
 torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
                                  const torch::Tensor& labels,
@@ -111,7 +125,10 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
 }
 //! [data-parallel-step]
 
-// ---- part 2: dist.init_process_group, one process per device (c10d) ----------------------------
+// ---- part 2: one process per device, on c10d (the tutorial's Python -> this program) -----------
+// torchrun --nproc-per-node 2 train.py    -> torchrun --no-python --nproc-per-node 2 lesson09_...
+// dist.init_process_group(backend='nccl') -> rank_from_environment(), connect_store, make_group
+// model = DistributedDataParallel(model)  -> broadcast_parameters, then allreduce_gradients
 //! [init-process-group]
 // The rendezvous, as init_process_group's env:// makes it: a TCPStore at MASTER_ADDR:MASTER_PORT,
 // hosted by rank 0 (by the launcher's agent under torchrun); this attempt's keys under a prefix.
@@ -153,23 +170,7 @@ c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::
 }
 //! [init-process-group]
 
-// ---- part 2: DistributedSampler and DistributedDataParallel -----------------------------------
-//! [shard-and-allreduce]
-// The epoch's shuffled order, from a generator seeded with the seed and the epoch only: every rank
-// draws the same order without a word to the others (DistributedSampler's set_epoch).
-torch::Tensor epoch_order(std::int64_t samples, std::uint64_t seed, int epoch) {
-  auto generator =
-      at::detail::createCPUGenerator(seed * 1000003ULL + static_cast<std::uint64_t>(epoch));
-  return torch::randperm(samples, generator, torch::kLong);
-}
-// Global step s takes order[s*W*B, (s+1)*W*B); rank r takes the r-th B of those, so one process
-// with batch W*B takes the very same samples in step s. The last step may leave a rank none.
-torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int rank, int world_size,
-                            std::int64_t batch_per_rank) {
-  const std::int64_t start = (step * world_size + rank) * batch_per_rank, n = order.size(0);
-  return order.slice(0, std::min(start, n), std::min(start + batch_per_rank, n));
-}
-
+//! [broadcast-and-allreduce]
 // DistributedDataParallel(model) starts every rank from rank 0's parameters: a broadcast.
 void broadcast_parameters(course::CommGroup& group, ANN& model, std::chrono::milliseconds timeout) {
   torch::NoGradGuard no_grad;  // the backend writes into the parameters themselves
@@ -184,14 +185,12 @@ void allreduce_sum(course::CommGroup& group, torch::Tensor& tensor,
   std::vector<torch::Tensor> tensors{tensor};
   group.allreduce(tensors)->wait(timeout);  // ReduceOp::SUM by default
 }
-
-// What DDP does after backward(): the gradients into one flat bucket (DDP's hold 25 MB; this
-// model's 0.4 MB is one), one all-reduce, and each gradient copied back from the sum.
+// What DDP does after backward(): the gradients into a flat bucket (DDP's have a set size; this
+// model's gradients fit one), one all-reduce, and each gradient copied back from the sum.
 void allreduce_gradients(course::CommGroup& group, ANN& model, std::chrono::milliseconds timeout) {
   std::vector<torch::Tensor> params = model->parameters(), grads;
-  for (const auto& p : params) {  // a rank with no samples this step adds zeros
+  for (const auto& p : params)  // a rank with no samples this step adds zeros
     grads.push_back(p.grad().defined() ? p.grad().view(-1) : torch::zeros_like(p).view(-1));
-  }
   torch::Tensor bucket = torch::cat(grads);
   allreduce_sum(group, bucket, timeout);
   for (std::int64_t i = 0, offset = 0; i < static_cast<std::int64_t>(params.size()); ++i) {
@@ -200,7 +199,7 @@ void allreduce_gradients(course::CommGroup& group, ANN& model, std::chrono::mill
     offset += params[i].numel();
   }
 }
-//! [shard-and-allreduce]
+//! [broadcast-and-allreduce]
 
 //! [train-data-parallel]
 // Lesson 05's loop as rank `rank` of `world_size` (a group of one: one process).
@@ -218,10 +217,10 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
   for (int epoch = 0; epoch < epochs; ++epoch) {
     model->train();
     course::Stopwatch watch(device);
-    const torch::Tensor order = epoch_order(samples, seed, epoch);
+    const torch::Tensor order = course::epoch_order(samples, seed, epoch);  // DistributedSampler
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (std::int64_t step = 0; step * global_batch < samples; ++step) {
-      const torch::Tensor idx = shard_indices(order, step, rank, world_size, batch_per_rank);
+      const auto idx = course::shard_indices(order, step, rank, world_size, batch_per_rank);
       const std::int64_t in_step = std::min(global_batch, samples - step * global_batch);
       optimizer.zero_grad();
       if (idx.numel() > 0) {
@@ -249,44 +248,61 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
 //! [train-data-parallel]
 
 // ---- the program ----------------------------------------------------------------------------
-// Part 1: one DataParallel step against one model on the whole batch, then timed.
-void part1(const torch::Device& device, const course::ImageSet& train, std::uint64_t seed, int runs,
-           course::Verdict& verdict) {
-  const int gpus = device.is_cuda() ? course::cuda_device_count() : 0;       // 2 or more: one each,
-  std::vector<torch::Device> devices(gpus >= 2 ? gpus : kReplicas, device);  // else all on one
-  for (int i = 0; gpus >= 2 && i < gpus; ++i) devices[i] = torch::Device(torch::kCUDA, i);
-  std::cout << "\n== Part 1: DataParallel, " << devices.size() << " replicas on " << devices.front()
-            << (gpus >= 2 ? " .. " + devices.back().str() : "") << " ==\n";
-  const torch::Tensor images = train.images.slice(0, 0, kPart1Batch);
-  const torch::Tensor labels = train.labels.slice(0, 0, kPart1Batch);
+// Part 1: the tutorial's DataParallel in lesson 05's loop for an epoch; then inside it, and timed.
+void part1(const torch::Device& device, const course::ImageSet& train, const course::ImageSet& test,
+           std::uint64_t seed, int runs, course::Verdict& verdict) {
+  const int gpus = device.is_cuda() ? course::cuda_device_count() : 0;
+  std::cout << "\n== Part 1: nn.DataParallel, "
+            << (gpus > 0 ? std::to_string(gpus) + " GPU(s)" : "no GPU: the model alone") << " ==\n";
+  //! [data-parallel-loop]
   torch::manual_seed(seed);
   ANN model;
-  model->to(device);
-  ANN one = std::dynamic_pointer_cast<ANNImpl>(model->clone(device));  // the same weights, alone
+  model->to(device);  // nn.DataParallel(ANN()).to(device): the wrapping is the forward call below
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  auto train_loader =
+      course::make_train_loader(course::FashionMNIST(train), kBatchPerRank, kWorkers);
+  double total_loss = 0, batches = 0;
+  for (auto& [features, labels] : *train_loader) {  // lesson 05's loop, one epoch
+    features = features.to(device);
+    labels = labels.to(device);
+    torch::Tensor outputs = data_parallel_forward(model, features);  // was model->forward(features)
+    torch::Tensor loss = criterion(outputs, labels);
+    optimizer.zero_grad();
+    loss.backward();  // on 2+ GPUs, through every replica into the model's own parameters
+    optimizer.step();
+    total_loss += loss.item<double>();
+    ++batches;
+  }
+  //! [data-parallel-loop]
+  const double accuracy = course::test_accuracy(model, test, device);
+  std::printf("Epoch 1, Loss: %.4f\nTest Accuracy: %.4f\n", total_loss / batches, accuracy);
+  verdict.check(accuracy >= kQuickAccuracyBar, "lesson 05's loop through data_parallel learns",
+                std::to_string(accuracy) + " vs bar " + std::to_string(kQuickAccuracyBar));
+  // Inside: a replica on each GPU when there are 2 or more, else kReplicas on the one device.
+  std::vector<torch::Device> devices(gpus >= 2 ? gpus : kReplicas, device);
+  for (int i = 0; gpus >= 2 && i < gpus; ++i) devices[i] = torch::Device(torch::kCUDA, i);
+  const torch::Tensor images = train.images.slice(0, 0, kPart1Batch);
+  const torch::Tensor labels = train.labels.slice(0, 0, kPart1Batch);
+  const torch::Tensor one_loss =  // the model alone on the whole batch, then the same step split
+      torch::nn::functional::cross_entropy(model->forward(images.to(device)), labels.to(device));
+  const auto one_grads = torch::autograd::grad({one_loss}, model->parameters());
   const torch::Tensor dp_loss = data_parallel_step(model, images, labels, devices);
-  const torch::Tensor one_loss =
-      torch::nn::functional::cross_entropy(one->forward(images.to(device)), labels.to(device));
-  const auto one_grads = torch::autograd::grad({one_loss}, one->parameters());
   std::vector<torch::Tensor> dp_grads;
   for (const auto& p : model->parameters()) dp_grads.push_back(p.grad());
   const double tol = course::tolerance_for(torch::kFloat);  // the same sums, in another order
   const double grad_diff = course::max_rel_diff(dp_grads, one_grads);
-  std::printf("loss %.6f vs %.6f (one model); gradients: max relative diff %.2e (tolerance %.0e)\n",
-              dp_loss.item<double>(), one_loss.item<double>(), grad_diff, tol);
+  std::printf("\nInside: %zu replicas, loss %.6f vs %.6f alone; gradients %.2e apart (tol. %.0e)\n",
+              devices.size(), dp_loss.item<double>(), one_loss.item<double>(), grad_diff, tol);
   verdict.check(course::max_rel_diff(dp_loss, one_loss) <= tol, "the loss equals one model's");
   verdict.check(grad_diff <= tol, "the summed replica gradients equal one model's");
-#ifdef GPU_LESSONS_WITH_CUDA
-  if (device.is_cuda()) {  // LibTorch's own function, over every GPU (one GPU: just forward)
+  if (device.is_cuda()) {  // LibTorch's function against the model alone, on the same batch
     torch::NoGradGuard no_grad;
     const torch::Tensor x = images.to(device);
-    const double d =
-        course::max_rel_diff(torch::nn::parallel::data_parallel(model, x), model->forward(x));
+    const double d = course::max_rel_diff(data_parallel_forward(model, x), model->forward(x));
     std::printf("torch::nn::parallel::data_parallel: max relative diff %.2e\n", d);
     verdict.check(d <= tol, "torch::nn::parallel::data_parallel gives the model's output");
   }
-#else
-  std::cout << "torch::nn::parallel::data_parallel: (skipped: needs CUDA)\n";
-#endif
   // Why DDP instead: a copy of the model every step, and one thread feeding every replica.
   const auto replicate = [&] {
     for (const auto& d : devices) model->clone(d);
@@ -311,11 +327,7 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
     group = make_group(connect_store(info, timeout), info.rank, info.world_size, device, timeout);
   } catch (const std::exception& e) {  // a rank missing (the wait timed out), or no rendezvous
     if (dynamic_cast<const course::CourseError*>(&e) != nullptr) throw;  // no backend: as it is
-    throw course::CourseError("rank " + std::to_string(info.rank) + " could not join the job at " +
-                                  info.master_addr + ":" + std::to_string(info.master_port) + ": " +
-                                  course::error_message(e),
-                              "start all ranks within --timeout, with the same MASTER_ADDR and "
-                              "MASTER_PORT (torchrun sets them); read the other ranks' output");
+    throw course::join_error(info, e);  // "rank R could not join the job at ADDR:PORT", exit 2
   }
   std::printf("%s group of %d formed, timeout %lld s\n", device.is_cuda() ? "nccl" : "gloo",
               info.world_size, static_cast<long long>(timeout.count() / 1000));
@@ -328,23 +340,13 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
     rank0[0] = mine[0].clone();
     group->broadcast(rank0)->wait(timeout);  // rank 0's parameters, to compare with
   } catch (const std::exception& e) {        // a rank died (its socket closed) or stopped answering
-    course::print_error("rank " + std::to_string(info.rank) +
-                            " lost the job during training: " + course::error_message(e),
-                        "another rank died or stopped: see its output");
-    verdict.check(false, "every rank finished training");
-    const int code = verdict.finish("lesson 09 rank " + std::to_string(info.rank));
-    std::fflush(stdout);
-    std::_Exit(code);  // a group whose peer is gone may block in its destructor: nothing to save
+    course::exit_lost_job(info.rank, e, verdict, "lesson 09 rank " + std::to_string(info.rank));
   }
   course::shutdown_group(*group);  // the last collective is done: end the group in order
   std::printf("parameter checksum %016llx\n",
               static_cast<unsigned long long>(course::checksum(mine[0])));
   verdict.check(torch::equal(mine[0].cpu(), rank0[0].cpu()), "this rank holds rank 0's parameters");
-  model->eval();
-  torch::NoGradGuard no_grad;  // the test accuracy: the classes torch::max picks, without a graph
-  const auto predicted = std::get<1>(torch::max(model->forward(test.images.to(device)), 1));
-  const double accuracy =
-      (predicted == test.labels.to(device)).to(torch::kDouble).mean().item<double>();
+  const double accuracy = course::test_accuracy(model, test, device);
   std::printf("Test Accuracy: %.4f\n", accuracy);
   verdict.check(accuracy >= bar, "test accuracy reaches lesson 05's bar",
                 std::to_string(accuracy) + " vs bar " + std::to_string(bar));
@@ -360,8 +362,7 @@ int main(int argc, char** argv) try {
   options.seed = kSeed;
   int epochs = 0, batch = kBatchPerRank, timeout_s = kTimeoutSeconds;  // epochs 0: 5, 1 if quick
   course::Cli cli("lesson09_data_parallel",
-                  "Lesson 09: DataParallel written out, then distributed data parallel on c10d "
-                  "(one rank per process when WORLD_SIZE is set, as torchrun sets it).",
+                  "Lesson 09: DataParallel, then DDP on c10d (a rank per process under torchrun).",
                   options);
   cli.add_data_dir();
   cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
@@ -382,13 +383,12 @@ int main(int argc, char** argv) try {
   const auto folder = course::find_fashion_mnist(options.data_dir);
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
   const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick)
-    train = {train.images.slice(0, 0, kQuickSamples), train.labels.slice(0, 0, kQuickSamples)};
+  if (options.quick) train = course::take(train, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
   const double bar = !options.quick && epochs >= kEpochs ? kAccuracyBar : kQuickAccuracyBar;
 
   course::Verdict verdict;
-  if (!job) part1(device, train, options.seed, options.quick ? 5 : kPart1TimedSteps, verdict);
+  if (!job) part1(device, train, test, options.seed, options.quick ? 5 : kPart1TimedSteps, verdict);
   part2(info, device, train, test, epochs, batch, options.seed, std::chrono::seconds(timeout_s),
         bar, verdict);
   return verdict.finish("lesson 09 rank " + std::to_string(info.rank) + " of " +

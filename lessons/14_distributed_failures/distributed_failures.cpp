@@ -42,7 +42,8 @@
 #include "common/compare.h"        // defines: relative_diff, tolerance_for, checksum
 #include "common/data.h"           // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/device.h"         // defines: cuda_device_count, list_gpus
-#include "common/launch.h"         // defines: RankInfo, rank_from_environment, rank_environment
+#include "common/launch.h"         // defines: RankInfo, rank_from_environment, exit_lost_job
+#include "common/sampler.h"        // defines: epoch_order, shard_indices (lesson 09's shards)
 #include "common/verdict.h"        // defines: Verdict, CourseError, UsageError, report_error
 
 namespace lesson14 {
@@ -58,27 +59,18 @@ constexpr int kCheckedSteps = 5;  // the summed gradient against one process's, 
 // The ranks against one process with the global batch: by what they learn (parameters drift).
 constexpr double kLossMargin = 0.02;      // final epoch's loss, relative
 constexpr double kAccuracyMargin = 0.01;  // test accuracy, absolute
-constexpr int kFailTimeoutSeconds = 5;    // run plainly: the jobs' --timeout (3 with --quick)
+constexpr int kFailTimeoutSeconds = 5;    // run plainly: the jobs' --timeout
 constexpr int kFailEpochs = 50;           // a rank to be killed or stopped is still training then
 constexpr int kSlackSeconds = 15;         // start-up (LibTorch, the data) on a busy machine
+// Run plainly with --quick (the smoke test), the jobs' --timeout: short, as several of its cases
+// wait a whole --timeout; yet enough, as a job's two ranks start together and wait for each other
+// only as long as their start-ups differ.
+constexpr int kQuickFailTimeoutSeconds = 3;
 
 // ---- lesson 09's job --------------------------------------------------------------------------
 // Lesson 09's ANN, the tutorial's (common/ann.h): its layers made in the same order, so the same
-// seed gives the same weights.
+// seed gives the same weights. Lesson 09's shards: course::epoch_order and course::shard_indices.
 using course::ANN;
-
-// Lesson 09's shards: every rank draws the epoch's order from the seed and the epoch; global step
-// s takes order[s*W*B, (s+1)*W*B), rank r the r-th B of those.
-torch::Tensor epoch_order(std::int64_t samples, std::uint64_t seed, int epoch) {
-  auto generator =
-      at::detail::createCPUGenerator(seed * 1000003ULL + static_cast<std::uint64_t>(epoch));
-  return torch::randperm(samples, generator, torch::kLong);
-}
-torch::Tensor shard_indices(const torch::Tensor& order, std::int64_t step, int rank, int world_size,
-                            std::int64_t batch_per_rank) {
-  const std::int64_t start = (step * world_size + rank) * batch_per_rank, n = order.size(0);
-  return order.slice(0, std::min(start, n), std::min(start + batch_per_rank, n));
-}
 
 // ---- which device each rank takes --------------------------------------------------------------
 struct RankDevice {
@@ -236,7 +228,9 @@ c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::
                             "Gloo needs libgloo-dev at build time, NCCL a CUDA LibTorch");
 }
 
-// ---- collectives with a deadline -------------------------------------------------------------
+// ---- collectives with a deadline, on NCCL too ------------------------------------------------
+// The NCCL path has not yet run on a GPU: it compiles and links (LibTorch 2.11 with CUDA), and its
+// tests skip without CUDA. Only the Gloo path, on the CPU, has run.
 //! [wait-within]
 // Waits until `work`, a collective on `device`'s tensors, is done: at most `timeout`, then the
 // group is aborted and std::runtime_error says so. A collective that failed (a peer's connection
@@ -325,10 +319,10 @@ RankRun train_checked(course::CommGroup* group, int rank, int world_size,
   const std::int64_t samples = train.images.size(0), global_batch = world_size * batch_per_rank;
   const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    const torch::Tensor order = epoch_order(samples, seed, epoch);
+    const torch::Tensor order = course::epoch_order(samples, seed, epoch);
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (std::int64_t step = 0; step * global_batch < samples; ++step) {
-      const torch::Tensor idx = shard_indices(order, step, rank, world_size, batch_per_rank);
+      const auto idx = course::shard_indices(order, step, rank, world_size, batch_per_rank);
       const std::int64_t in_step = std::min(global_batch, samples - step * global_batch);
       optimizer.zero_grad();
       if (idx.numel() > 0) {
@@ -397,13 +391,7 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
     same_trail = equals_rank0(*group, run.trail, timeout);
     same_parameters = equals_rank0(*group, parameters(run.model).view(torch::kInt), timeout);
   } catch (const std::exception& e) {  // a peer died (its socket closed) or stopped answering
-    course::print_error("rank " + std::to_string(info.rank) +
-                            " lost the job during training: " + course::error_message(e),
-                        "another rank died or stopped: its own output says why");
-    verdict.check(false, "every rank finished training");
-    const int code = verdict.finish("lesson 14 rank " + std::to_string(info.rank));
-    std::fflush(stdout);
-    std::_Exit(code);  // a group whose peer is gone may block in its destructor: nothing to save
+    course::exit_lost_job(info.rank, e, verdict, "lesson 14 rank " + std::to_string(info.rank));
   }
   course::shutdown_group(*group);  // the last collective is done: end the group in order
   double worst = 0;
@@ -434,25 +422,37 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
 }
 
 // ---- run plainly: jobs of two ranks, one of them failed -------------------------------------
-// A job of two ranks, `ranks` of them started, rank 1 sent `signal` once it trained an epoch:
-// this lesson's other rank then exits with `code` after `waits` times --timeout (timed from the
-// signal, if any), saying `says`. It runs on `gpus` GPUs when it needs some, with `env` set.
+// One way to fail a job of two ranks, and how this lesson's other rank must end. `waits` sets the
+// time window it must end in, counted from the signal (from the start, with none): not before
+// 0.9 x waits x --timeout (a stopped rank is noticed only when a collective's --timeout runs out)
+// and, for a failure, not after max(1, waits) x --timeout + kSlackSeconds (one wait, no hang).
 struct Failure {
-  const char* what;
-  std::vector<int> ranks;
-  int signal, code, gpus;
-  double waits;
-  const char *says, *env;
+  const char* what;        // the case, as printed
+  std::vector<int> ranks;  // the ranks started: a rank left out never arrives
+  int signal;              // sent to rank 1 once it trained an epoch (0: none)
+  int code;                // the exit code of every rank started, but the one signalled
+  int gpus;                // GPUs the job needs (0: CPU ranks, Gloo; else NCCL, --device cuda)
+  double waits;            // the time window's start, in --timeouts
+  const char* says;        // in the first of those ranks' error line (or its checksum line)
+  const char* env;         // "NAME=value" for every rank ("": none)
 };
 const std::vector<Failure> kFailures{
-    {"both ranks train: a healthy job", {0, 1}, 0, 0, 0, 0, "parameter checksum", ""},
-    {"rank 1 killed (SIGKILL) after an epoch", {0, 1}, SIGKILL, 1, 0, 0, "lost the job", ""},
-    {"rank 1 stopped (SIGSTOP) after an epoch", {0, 1}, SIGSTOP, 1, 0, 1, "lost the job", ""},
-    {"rank 1 never starts", {0}, 0, 2, 0, 1, "1 of 2 arrived", ""},
-    {"rank 0 never starts: no store", {1}, 0, 2, 0, 1, "cannot reach the rendezvous", ""},
-    {"the rendezvous' port is taken", {0}, 0, 2, 0, 0, "is in use", ""},
-    {"NCCL: rank 1 killed after an epoch", {0, 1}, SIGKILL, 1, 2, 0, "lost the job", ""},
-    {"NCCL: two ranks on GPU 0", {0, 1}, 0, 2, 1, 0, "share one GPU", "CUDA_VISIBLE_DEVICES=0"}};
+    {/*what=*/"both ranks train: a healthy job", /*ranks=*/{0, 1}, /*signal=*/0, /*code=*/0,
+     /*gpus=*/0, /*waits=*/0, /*says=*/"parameter checksum", /*env=*/""},
+    {/*what=*/"rank 1 killed (SIGKILL) after an epoch", /*ranks=*/{0, 1}, /*signal=*/SIGKILL,
+     /*code=*/1, /*gpus=*/0, /*waits=*/0, /*says=*/"lost the job", /*env=*/""},
+    {/*what=*/"rank 1 stopped (SIGSTOP) after an epoch", /*ranks=*/{0, 1}, /*signal=*/SIGSTOP,
+     /*code=*/1, /*gpus=*/0, /*waits=*/1, /*says=*/"lost the job", /*env=*/""},
+    {/*what=*/"rank 1 never starts", /*ranks=*/{0}, /*signal=*/0, /*code=*/2, /*gpus=*/0,
+     /*waits=*/1, /*says=*/"1 of 2 arrived", /*env=*/""},
+    {/*what=*/"rank 0 never starts: no store", /*ranks=*/{1}, /*signal=*/0, /*code=*/2,
+     /*gpus=*/0, /*waits=*/1, /*says=*/"cannot reach the rendezvous", /*env=*/""},
+    {/*what=*/"the rendezvous' port is taken", /*ranks=*/{0}, /*signal=*/0, /*code=*/2,
+     /*gpus=*/0, /*waits=*/0, /*says=*/"is in use", /*env=*/""},
+    {/*what=*/"NCCL: rank 1 killed after an epoch", /*ranks=*/{0, 1}, /*signal=*/SIGKILL,
+     /*code=*/1, /*gpus=*/2, /*waits=*/0, /*says=*/"lost the job", /*env=*/""},
+    {/*what=*/"NCCL: two ranks on GPU 0", /*ranks=*/{0, 1}, /*signal=*/0, /*code=*/2, /*gpus=*/1,
+     /*waits=*/0, /*says=*/"share one GPU", /*env=*/"CUDA_VISIBLE_DEVICES=0"}};
 
 // `program` as a job of two ranks on this host, failed as `failure` says: how the other ranks end,
 // and the first line of the first of them that says what happened.
@@ -547,9 +547,7 @@ int main(int argc, char** argv) try {
   cli.add_option("--epochs", epochs, "epochs, as a rank (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch, "samples per rank per step", 1, 60000);
   cli.add_option("--timeout", timeout_s,
-                 "seconds to wait for a rank (0: 120; 5, 3 if quick, run "
-                 "plainly)",
-                 0, 86400);
+                 "seconds to wait for a rank (0: 120; run plainly 5, 3 if quick)", 0, 86400);
   if (auto code = cli.parse(argc, argv)) return *code;
 
   const std::optional<course::RankInfo> job = course::rank_from_environment();
@@ -565,7 +563,10 @@ int main(int argc, char** argv) try {
   if (!choice.reason.empty()) std::cout << "(" << choice.reason << ")\n";
   const auto folder = course::find_fashion_mnist(options.data_dir);  // every rank reads it
   course::Verdict verdict;
-  if (timeout_s == 0) timeout_s = job ? kTimeoutSeconds : options.quick ? 3 : kFailTimeoutSeconds;
+  if (timeout_s == 0)
+    timeout_s = job             ? kTimeoutSeconds
+                : options.quick ? kQuickFailTimeoutSeconds
+                                : kFailTimeoutSeconds;
   if (!job) {  // run plainly: the failures, measured
     fail_ranks(device.is_cuda() ? "cuda" : "cpu", options.data_dir, timeout_s, options.seed,
                verdict);
@@ -573,8 +574,7 @@ int main(int argc, char** argv) try {
   }
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
   const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick)
-    train = {train.images.slice(0, 0, kQuickSamples), train.labels.slice(0, 0, kQuickSamples)};
+  if (options.quick) train = course::take(train, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
   rank_job(*job, device, train, test, epochs, batch, options.seed, std::chrono::seconds(timeout_s),
            verdict);
