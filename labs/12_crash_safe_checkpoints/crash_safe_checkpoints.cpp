@@ -89,8 +89,9 @@ using Sink = std::function<std::size_t(const void*, std::size_t)>;
 // it over `path`: a process killed at any moment leaves the old file or the new one, never a mix.
 void write_atomically(const std::string& path, const std::function<void(const Sink&)>& write) {
   const fs::path target = fs::absolute(path), folder = target.parent_path();
-  // The temporary file lives in the same folder: rename() is atomic only within one file system.
-  std::string temporary = (folder / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+  // The temporary file, .NAME.tmp-XXXXXX, lives in the same folder: rename() is atomic only within
+  // one file system.
+  std::string temporary = (folder / ".").string() + target.filename().string() + ".tmp-XXXXXX";
   const int fd = ::mkstemp(temporary.data());
   if (fd < 0) {
     throw CheckpointError("cannot write " + path + ": " + std::strerror(errno),
