@@ -30,12 +30,15 @@ std::unique_ptr<TrainLoader> make_train_loader(const FashionMNIST& train_ds,
 // for features, labels in train_loader: the tutorial's loop, as lesson 05 writes it.
 std::pair<std::int64_t, double> train_epoch(ANN& model, torch::optim::Optimizer& optimizer,
                                             TrainLoader& loader, const torch::Device& device) {
+  torch::nn::CrossEntropyLoss criterion;
   model->train();
   std::int64_t steps = 0;
   double total_loss = 0;
   for (auto& [features, labels] : loader) {
-    torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(features.to(device)),
-                                                              labels.to(device));
+    features = features.to(device);
+    labels = labels.to(device);
+    torch::Tensor outputs = model->forward(features);
+    torch::Tensor loss = criterion(outputs, labels);
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
