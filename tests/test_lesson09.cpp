@@ -56,7 +56,8 @@ TEST(Lesson09DataParallel, WithoutAGpuTheModelRunsAsItIs) {
   EXPECT_TRUE(torch::equal(lesson09::data_parallel_forward(model, x), model->forward(x)));
 }
 
-// Tests that a replica is a deep copy on its device: changing it leaves the model alone.
+// Tests that a replica is a deep copy on its device, with the model's layers (the relu module
+// too): changing it leaves the model alone.
 TEST(Lesson09DataParallel, ReplicasAreCopies) {
   lesson09::ANN model;
   auto replica = std::dynamic_pointer_cast<lesson09::ANNImpl>(model->clone(torch::kCPU));
@@ -66,6 +67,7 @@ TEST(Lesson09DataParallel, ReplicasAreCopies) {
   }
   EXPECT_FALSE(torch::equal(replica->fc1->weight, model->fc1->weight));
   EXPECT_EQ(replica->named_parameters().keys(), model->named_parameters().keys());
+  EXPECT_EQ(replica->named_children().keys(), model->named_children().keys());
 }
 
 // ---- the rendezvous and the collectives -------------------------------------------------------

@@ -56,23 +56,32 @@ constexpr double kAccuracyBar = 0.85;          // lesson 05's, after kEpochs on 
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images,
 constexpr double kQuickAccuracyBar = 0.70;     // and a lower bar (part 1's, after its one epoch)
 
-// ---- the model: lesson 05's ANN -----------------------------------------------------------------
+// ---- the model: lesson 05's ANN, cloneable ---------------------------------------------------
 //! [model]
-// Cloneable, as DataParallel's replicate needs: clone(device) makes a fresh module with reset()
-// and copies the parameters into it, on that device.
-struct ANNImpl : torch::nn::Cloneable<ANNImpl> {
-  ANNImpl() { reset(); }
-  void reset() override {
+// Lesson 05's ANN, plus what DataParallel's replicate needs: clone(device), which only a Cloneable
+// has. It copies the struct, empties it, calls reset() to make the layers anew, copies values in.
+struct ANNImpl : torch::nn::Cloneable<ANNImpl> {  // added: Cloneable, where lesson 05 has Module
+  ANNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+        out(register_module("out", torch::nn::Linear(64, 10))),
+        relu(register_module("relu", torch::nn::ReLU())) {}
+  void reset() override {  // added: the constructor's four layers, made again in a clone
     fc1 = register_module("fc1", torch::nn::Linear(28 * 28, 128));
     fc2 = register_module("fc2", torch::nn::Linear(128, 64));
     out = register_module("out", torch::nn::Linear(64, 10));
+    relu = register_module("relu", torch::nn::ReLU());
   }
-  torch::Tensor forward(torch::Tensor x) {  // x: [B, 28, 28], viewed as [B, 784]
-    return out(torch::relu(fc2(torch::relu(fc1(x.view({x.size(0), -1}))))));
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.view({x.size(0), -1});  // [B, 1, 28, 28] (part 2: [B, 28, 28]) -> [B, 784]
+    x = relu(fc1(x));
+    x = relu(fc2(x));
+    return out(x);  // logits: CrossEntropyLoss applies the softmax itself
   }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, out{nullptr};
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::ReLU relu;
 };
-TORCH_MODULE(ANN);
+TORCH_MODULE(ANN);  // ANN: a shared pointer to an ANNImpl, hence model->forward(x)
 //! [model]
 
 // ---- part 1: nn.DataParallel, one process ------------------------------------------------------
