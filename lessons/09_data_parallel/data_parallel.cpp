@@ -94,7 +94,7 @@ torch::Tensor data_parallel_forward(ANN& model, const torch::Tensor& features) {
 }
 //! [data-parallel-forward]
 //! [data-parallel-loop]
-// The tutorial's program for one epoch, its model wrapped: nn.DataParallel(ANN()).to(device).
+// Lesson 05's training for one epoch, its model wrapped: model = nn.DataParallel(ANN()).to(device).
 ANN train_one_epoch(course::FashionMNIST train_ds, torch::Device device, std::uint64_t seed) {
   torch::manual_seed(seed);
   ANN model;
