@@ -41,6 +41,13 @@ double max_rel_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tens
   return worst;
 }
 
+std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) grads.push_back(p.grad());
+  return grads;
+}
+
 double relative_diff(const at::Tensor& a, const at::Tensor& b) {
   if (!a.defined() || !b.defined() || !a.sizes().equals(b.sizes())) {
     return std::numeric_limits<double>::infinity();

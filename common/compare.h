@@ -1,7 +1,7 @@
 // compare.h defines: how the course says two results are "the same": the largest absolute and
 // relative differences of tensors, the tolerance each dtype earns, with the reasoning for each in
-// one place (tolerance_for, below), and a checksum that tells bitwise-equal tensors apart from
-// others (ranks of a job compare theirs).
+// one place (tolerance_for, below), parameters' gradients as a list to compare, and a checksum
+// that tells bitwise-equal tensors apart from others (ranks of a job compare theirs).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,9 @@ double max_abs_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tens
 double max_rel_diff(const at::Tensor& a, const at::Tensor& b);
 /// The largest max_rel_diff over two lists of tensors, pair by pair (each against its own scale).
 double max_rel_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b);
+/// The gradient (.grad()) of each of `params`, in order, to compare with max_rel_diff: undefined
+/// where a parameter has none, which compares as infinitely far.
+std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& params);
 /// ||a - b|| / ||b|| (L2 norms): how far apart two whole vectors are (0 when both are zero).
 double relative_diff(const at::Tensor& a, const at::Tensor& b);
 

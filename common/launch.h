@@ -1,9 +1,9 @@
 // launch.h defines: RankInfo and rank_from_environment(), where this process stands in a
 // distributed job as PyTorch's launcher (torchrun) tells every process it starts;
 // rank_environment(), the same variables for a rank started without the launcher; free_tcp_port(),
-// a port on this host for a job's rendezvous; join_error() and exit_lost_job(), what a rank says
-// when it cannot join its job or loses it; and run_local_job(), torchrun in miniature for tests of
-// failures: the ranks of a job started on this host, one of them stopped or killed.
+// a port on this host for a job's rendezvous; join_error(), join_job() and exit_lost_job(), what a
+// rank says when it cannot join its job or loses it; and run_local_job(), torchrun in miniature for
+// tests of failures: the ranks of a job started on this host, one of them stopped or killed.
 #pragma once
 
 #include <chrono>
@@ -45,6 +45,19 @@ int free_tcp_port();
 /// or the other ranks still missing after the timeout), from what c10d threw: "rank R could not
 /// join the job at ADDR:PORT: <why>", with a HINT on starting every rank alike (exit 2).
 CourseError join_error(const RankInfo& info, const std::exception& why);
+
+/// What `join` (a rank's rendezvous, then its group's start-up) returns; an error it throws becomes
+/// join_error(info, ...), but a CourseError (say, no backend in this build) is thrown as it is.
+template <typename Join>
+auto join_job(const RankInfo& info, Join&& join) -> decltype(join()) {
+  try {
+    return join();
+  } catch (const CourseError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw join_error(info, e);
+  }
+}
 
 /// Ends rank `rank`, whose job was lost during training (a collective failed: another rank died,
 /// or stopped answering until the timeout): prints "error: rank R lost the job during training:

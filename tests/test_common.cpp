@@ -298,6 +298,27 @@ TEST(Launch, LocalJobFailsTheVictim) {
   EXPECT_EQ(course::describe_status(hung.statuses.at(0)), "killed by SIGKILL");
 }
 
+// Tests join_job: what the join returns; what it throws as join_error says, but a CourseError as
+// it is.
+TEST(Launch, JoinJobTurnsItsErrorsIntoJoinErrors) {
+  course::RankInfo info;
+  info.rank = 2;
+  EXPECT_EQ(course::join_job(info, [] { return 7; }), 7);
+  try {
+    course::join_job(info, []() -> int { throw std::runtime_error("Socket Timeout"); });
+    ADD_FAILURE() << "no error";
+  } catch (const course::CourseError& e) {
+    EXPECT_STREQ(e.what(), "rank 2 could not join the job at 127.0.0.1:29500: Socket Timeout");
+  }
+  try {
+    course::join_job(info, []() -> int { throw course::CourseError("no backend", "install it"); });
+    ADD_FAILURE() << "no error";
+  } catch (const course::CourseError& e) {
+    EXPECT_STREQ(e.what(), "no backend");
+    EXPECT_EQ(e.hint(), "install it");
+  }
+}
+
 // Tests the error of a rank that cannot join its job: who, where, c10d's reason, and a HINT.
 TEST(Launch, JoinErrorSaysWhoAndWhere) {
   course::RankInfo info;
@@ -390,6 +411,19 @@ TEST(Compare, Differences) {
   EXPECT_TRUE(std::isinf(course::max_abs_diff(a, b.reshape({3, 1}))));
   EXPECT_TRUE(std::isinf(course::max_rel_diff(std::vector<torch::Tensor>{a}, {})));
   EXPECT_DOUBLE_EQ(course::max_rel_diff(std::vector<torch::Tensor>{a, b}, {b, b}), 0.5 / 4);
+}
+
+// Tests that gradients() lists each parameter's gradient in order, undefined where none is, and
+// that such a list never compares as close.
+TEST(Compare, GradientsInParameterOrder) {
+  const torch::Tensor w = torch::ones({2}, torch::requires_grad());
+  const torch::Tensor v = torch::ones({3}, torch::requires_grad());
+  (w * 3).sum().backward();
+  const std::vector<torch::Tensor> grads = course::gradients({w, v});
+  ASSERT_EQ(grads.size(), 2u);
+  EXPECT_TRUE(torch::equal(grads[0], torch::full({2}, 3.0f)));
+  EXPECT_FALSE(grads[1].defined());
+  EXPECT_TRUE(std::isinf(course::max_rel_diff(grads, {grads[0], torch::zeros({3})})));
 }
 
 // Tests that the checksum of a tensor's bytes sees a single changed bit, wherever the tensor is.

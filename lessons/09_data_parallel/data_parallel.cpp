@@ -1,12 +1,10 @@
 // Lesson 09 — data parallelism: the tutorial's DataParallel and DistributedDataParallel, in C++.
 //
-// You will learn:
-//   - part 1, `nn.DataParallel(model)`: lesson 05's loop with its forward pass made by LibTorch's
-//     torch::nn::parallel::data_parallel (all GPUs; none: the model as it is); then what that does
-//     inside, written out, checked against one model and timed: why DDP is preferred;
-//   - part 2, `torchrun`, `dist.init_process_group` and `DistributedDataParallel`: each process a
-//     rank of a c10d job (TCPStore, Gloo or NCCL): rank 0's parameters broadcast, a shard of one
-//     shuffled order each, gradients all-reduced; a dead or missing rank ends it within --timeout.
+// You will learn: part 1, `nn.DataParallel(model)`: lesson 05's loop with its forward pass made by
+//   LibTorch's torch::nn::parallel::data_parallel, then what that does inside, written out, checked
+//   against one model and timed (why DDP is preferred); part 2, `torchrun`, `init_process_group`
+//   and `DistributedDataParallel` on c10d (TCPStore, Gloo or NCCL): rank 0's parameters broadcast,
+//   a shard each of one order, gradients all-reduced; a dead or missing rank ends it in --timeout.
 // Run:    build/bin/lesson09_data_parallel [--device ...] [--epochs N] [--timeout S] [--quick]
 //         torchrun --no-python --nproc-per-node 2 build/bin/lesson09_data_parallel  (a rank each)
 // Checks: part 1 learns, its steps equal one model's; every rank ends with rank 0's parameters, bit
@@ -27,15 +25,14 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <iostream>
 
 #include "common/ann.h"      // defines: make_train_loader, test_accuracy, FashionMNIST
 #include "common/c10d.h"     // defines: CommGroup (Gloo's and NCCL's base class), shutdown_group
 #include "common/cli.h"      // defines: Cli, start_lesson, available_cores
-#include "common/compare.h"  // defines: max_rel_diff, tolerance_for, checksum
+#include "common/compare.h"  // defines: max_rel_diff, tolerance_for, gradients, checksum
 #include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/device.h"   // defines: cuda_device_count
-#include "common/launch.h"   // defines: RankInfo, rank_from_environment, join_error, exit_lost_job
+#include "common/launch.h"   // defines: RankInfo, rank_from_environment, join_job, exit_lost_job
 #include "common/sampler.h"  // defines: epoch_order, shard_indices (DistributedSampler's work)
 #include "common/timing.h"   // defines: Stopwatch, time_median, describe_ms
 #include "common/verdict.h"  // defines: Verdict, CourseError, print_error, report_error
@@ -56,30 +53,38 @@ constexpr double kAccuracyBar = 0.85;          // lesson 05's, after kEpochs on 
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images,
 constexpr double kQuickAccuracyBar = 0.70;     // and a lower bar (part 1's, after its one epoch)
 
-// ---- the model: lesson 05's ANN -----------------------------------------------------------------
+// ---- the model: lesson 05's ANN, cloneable ---------------------------------------------------
 //! [model]
-// Cloneable, as DataParallel's replicate needs: clone(device) makes a fresh module with reset()
-// and copies the parameters into it, on that device.
-struct ANNImpl : torch::nn::Cloneable<ANNImpl> {
-  ANNImpl() { reset(); }
-  void reset() override {
+// Lesson 05's ANN, plus what DataParallel's replicate needs: clone(device), which only a Cloneable
+// has. It copies the struct, empties it, calls reset() to make the layers anew, copies values in.
+struct ANNImpl : torch::nn::Cloneable<ANNImpl> {  // added: Cloneable, where lesson 05 has Module
+  ANNImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(28 * 28, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 64))),
+        out(register_module("out", torch::nn::Linear(64, 10))),
+        relu(register_module("relu", torch::nn::ReLU())) {}
+  void reset() override {  // added: the constructor's four layers, made again in a clone
     fc1 = register_module("fc1", torch::nn::Linear(28 * 28, 128));
     fc2 = register_module("fc2", torch::nn::Linear(128, 64));
     out = register_module("out", torch::nn::Linear(64, 10));
+    relu = register_module("relu", torch::nn::ReLU());
   }
-  torch::Tensor forward(torch::Tensor x) {  // x: [B, 28, 28], viewed as [B, 784]
-    return out(torch::relu(fc2(torch::relu(fc1(x.view({x.size(0), -1}))))));
+  torch::Tensor forward(torch::Tensor x) {
+    x = x.view({x.size(0), -1});  // [B, 1, 28, 28] (part 2: [B, 28, 28]) -> [B, 784]
+    x = relu(fc1(x));
+    x = relu(fc2(x));
+    return out(x);  // logits: CrossEntropyLoss applies the softmax itself
   }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, out{nullptr};
+  torch::nn::Linear fc1, fc2, out;
+  torch::nn::ReLU relu;
 };
-TORCH_MODULE(ANN);
+TORCH_MODULE(ANN);  // ANN: a shared pointer to an ANNImpl, hence model->forward(x)
 //! [model]
 
 // ---- part 1: nn.DataParallel, one process ------------------------------------------------------
 //! [data-parallel-forward]
-// outputs = model(features), the model wrapped in nn.DataParallel: LibTorch has a function for it
-// (its header needs CUDA), which splits the batch over every GPU and gathers the outputs where the
-// labels are. Without a GPU, Python's DataParallel runs the module as it is, and so does this.
+// outputs = model(features) through nn.DataParallel: LibTorch's function (a CUDA build) splits the
+// batch over every GPU, gathers the outputs where the labels are; no GPU: the model as it is.
 torch::Tensor data_parallel_forward(ANN& model, const torch::Tensor& features) {
 #ifdef GPU_LESSONS_WITH_CUDA
   if (features.is_cuda())
@@ -88,6 +93,33 @@ torch::Tensor data_parallel_forward(ANN& model, const torch::Tensor& features) {
   return model->forward(features);
 }
 //! [data-parallel-forward]
+//! [data-parallel-loop]
+// Lesson 05's training for one epoch, its model wrapped: model = nn.DataParallel(ANN()).to(device).
+ANN train_one_epoch(course::FashionMNIST train_ds, torch::Device device, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  ANN model;
+  model->to(device);  // nn.DataParallel(ANN()).to(device): the wrapping is the forward call below
+  torch::nn::CrossEntropyLoss criterion;
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  auto train_loader = course::make_train_loader(train_ds, kBatchPerRank, kWorkers);
+  model->train();
+  double total_loss = 0, batches = 0;
+  for (auto& [features, labels] : *train_loader) {
+    features = features.to(device);
+    labels = labels.to(device);
+    torch::Tensor outputs = data_parallel_forward(model, features);  // was model->forward(features)
+    torch::Tensor loss = criterion(outputs, labels);
+    optimizer.zero_grad();
+    loss.backward();  // on 2+ GPUs, through every replica into the model's own parameters
+    optimizer.step();
+    total_loss += loss.item<double>();
+    ++batches;
+  }
+  std::printf("Epoch 1, Loss: %.4f\n", total_loss / batches);
+  return model;
+}
+//! [data-parallel-loop]
+
 //! [data-parallel-step]
 // What data_parallel does inside, then the loss and backward(): a replica of `model` on each of
 // `devices` (a device may repeat: replicas then share it). The gradients end on `model`.
@@ -110,8 +142,7 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
       outputs[i] = replicas[i]->forward(chunks[i]);
     }
   });
-  // 4. Gather: the outputs onto the model's device, in batch order. cat and to() are
-  //    differentiable: backward routes each chunk's gradient back to its replica.
+  // 4. Gather onto the model's device, in order (backward() takes each chunk back to its replica).
   for (auto& out : outputs) out = out.to(master);
   torch::Tensor loss = torch::nn::functional::cross_entropy(torch::cat(outputs), labels.to(master));
   loss.backward();  // through every replica; their gradients summed onto the model's
@@ -125,10 +156,7 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
 }
 //! [data-parallel-step]
 
-// ---- part 2: one process per device, on c10d (the tutorial's Python -> this program) -----------
-// torchrun --nproc-per-node 2 train.py    -> torchrun --no-python --nproc-per-node 2 lesson09_...
-// dist.init_process_group(backend='nccl') -> rank_from_environment(), connect_store, make_group
-// model = DistributedDataParallel(model)  -> broadcast_parameters, then allreduce_gradients
+// ---- part 2: torchrun, init_process_group, DistributedDataParallel: a process per device, c10d --
 //! [init-process-group]
 // The rendezvous, as init_process_group's env:// makes it: a TCPStore at MASTER_ADDR:MASTER_PORT,
 // hosted by rank 0 (by the launcher's agent under torchrun); this attempt's keys under a prefix.
@@ -144,7 +172,6 @@ c10::intrusive_ptr<c10d::Store> connect_store(const course::RankInfo& info,
   return c10::make_intrusive<c10d::PrefixStore>("attempt_" + std::to_string(info.restart_count),
                                                 store);
 }
-
 // The group of `world_size` ranks over `store`: NCCL for CUDA tensors, Gloo for CPU tensors. It
 // waits at most `timeout` for a rank: Gloo then fails the collective, NCCL's watchdog the process.
 c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
@@ -221,7 +248,7 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
     for (std::int64_t step = 0; step * global_batch < samples; ++step) {
       const auto idx = course::shard_indices(order, step, rank, world_size, batch_per_rank);
-      const std::int64_t in_step = std::min(global_batch, samples - step * global_batch);
+      const double in_step = std::min<double>(global_batch, samples - step * global_batch);
       optimizer.zero_grad();
       if (idx.numel() > 0) {
         torch::Tensor features = train.images.index_select(0, idx).to(device);
@@ -229,10 +256,9 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
         // This rank's share of the global batch's mean loss: the ranks' gradients sum to the
         // gradient of that mean (DDP divides the sum by the world size: the same for full batches).
         torch::Tensor loss =
-            torch::nn::functional::cross_entropy(model->forward(features), labels, sum) /
-            static_cast<double>(in_step);
+            torch::nn::functional::cross_entropy(model->forward(features), labels, sum) / in_step;
         loss.backward();
-        loss_sum += loss.detach() * static_cast<double>(in_step);
+        loss_sum += loss.detach() * in_step;
       }
       allreduce_gradients(group, model, timeout);  // waits for every rank
       optimizer.step();  // the same gradients and the same state: the same step on every rank
@@ -252,31 +278,11 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
 void part1(const torch::Device& device, const course::ImageSet& train, const course::ImageSet& test,
            std::uint64_t seed, int runs, course::Verdict& verdict) {
   const int gpus = device.is_cuda() ? course::cuda_device_count() : 0;
-  std::cout << "\n== Part 1: nn.DataParallel, "
-            << (gpus > 0 ? std::to_string(gpus) + " GPU(s)" : "no GPU: the model alone") << " ==\n";
-  //! [data-parallel-loop]
-  torch::manual_seed(seed);
-  ANN model;
-  model->to(device);  // nn.DataParallel(ANN()).to(device): the wrapping is the forward call below
-  torch::nn::CrossEntropyLoss criterion;
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  auto train_loader =
-      course::make_train_loader(course::FashionMNIST(train), kBatchPerRank, kWorkers);
-  double total_loss = 0, batches = 0;
-  for (auto& [features, labels] : *train_loader) {  // lesson 05's loop, one epoch
-    features = features.to(device);
-    labels = labels.to(device);
-    torch::Tensor outputs = data_parallel_forward(model, features);  // was model->forward(features)
-    torch::Tensor loss = criterion(outputs, labels);
-    optimizer.zero_grad();
-    loss.backward();  // on 2+ GPUs, through every replica into the model's own parameters
-    optimizer.step();
-    total_loss += loss.item<double>();
-    ++batches;
-  }
-  //! [data-parallel-loop]
+  std::printf("\n== Part 1: nn.DataParallel, %s ==\n",
+              gpus > 0 ? (std::to_string(gpus) + " GPU(s)").c_str() : "no GPU: the model alone");
+  ANN model = train_one_epoch(course::FashionMNIST(train), device, seed);
   const double accuracy = course::test_accuracy(model, test, device);
-  std::printf("Epoch 1, Loss: %.4f\nTest Accuracy: %.4f\n", total_loss / batches, accuracy);
+  std::printf("Test Accuracy: %.4f\n", accuracy);
   verdict.check(accuracy >= kQuickAccuracyBar, "lesson 05's loop through data_parallel learns",
                 std::to_string(accuracy) + " vs bar " + std::to_string(kQuickAccuracyBar));
   // Inside: a replica on each GPU when there are 2 or more, else kReplicas on the one device.
@@ -288,10 +294,8 @@ void part1(const torch::Device& device, const course::ImageSet& train, const cou
       torch::nn::functional::cross_entropy(model->forward(images.to(device)), labels.to(device));
   const auto one_grads = torch::autograd::grad({one_loss}, model->parameters());
   const torch::Tensor dp_loss = data_parallel_step(model, images, labels, devices);
-  std::vector<torch::Tensor> dp_grads;
-  for (const auto& p : model->parameters()) dp_grads.push_back(p.grad());
   const double tol = course::tolerance_for(torch::kFloat);  // the same sums, in another order
-  const double grad_diff = course::max_rel_diff(dp_grads, one_grads);
+  const double grad_diff = course::max_rel_diff(course::gradients(model->parameters()), one_grads);
   std::printf("\nInside: %zu replicas, loss %.6f vs %.6f alone; gradients %.2e apart (tol. %.0e)\n",
               devices.size(), dp_loss.item<double>(), one_loss.item<double>(), grad_diff, tol);
   verdict.check(course::max_rel_diff(dp_loss, one_loss) <= tol, "the loss equals one model's");
@@ -304,16 +308,16 @@ void part1(const torch::Device& device, const course::ImageSet& train, const cou
     verdict.check(d <= tol, "torch::nn::parallel::data_parallel gives the model's output");
   }
   // Why DDP instead: a copy of the model every step, and one thread feeding every replica.
+  const auto step = [&] { data_parallel_step(model, images, labels, devices); };
   const auto replicate = [&] {
     for (const auto& d : devices) model->clone(d);
   };
-  const auto step = [&] { data_parallel_step(model, images, labels, devices); };
   const course::Timing whole = course::time_median(step, device, /*warmup=*/2, runs);
   const course::Timing copies = course::time_median(replicate, device, /*warmup=*/2, runs);
   std::printf("a step of %lld images: %s, of which replicate %s (%.0f%%)\n",
               static_cast<long long>(kPart1Batch), course::describe_ms(whole).c_str(),
               course::describe_ms(copies).c_str(), 100 * copies.median_s / whole.median_s);
-  std::cout << "\n(no WORLD_SIZE: part 2 as a job of one rank; torchrun starts N)\n";
+  std::printf("\n(no WORLD_SIZE: part 2 as a job of one rank; torchrun starts N)\n");
 }
 
 // Part 2 as a rank of a job (a plain run's: a job of one): train, compare with rank 0, evaluate.
@@ -322,13 +326,10 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
            std::chrono::milliseconds timeout, double bar, course::Verdict& verdict) {
   std::printf("\n== Part 2: distributed data parallel, rank %d of %d (local rank %d) ==\n",
               info.rank, info.world_size, info.local_rank);
-  c10::intrusive_ptr<course::CommGroup> group;
-  try {  // dist.init_process_group(backend): the store, then the group
-    group = make_group(connect_store(info, timeout), info.rank, info.world_size, device, timeout);
-  } catch (const std::exception& e) {  // a rank missing (the wait timed out), or no rendezvous
-    if (dynamic_cast<const course::CourseError*>(&e) != nullptr) throw;  // no backend: as it is
-    throw course::join_error(info, e);  // "rank R could not join the job at ADDR:PORT", exit 2
-  }
+  // dist.init_process_group(backend): the store, then the group; no rank missing, or exit 2.
+  const c10::intrusive_ptr<course::CommGroup> group = course::join_job(info, [&] {
+    return make_group(connect_store(info, timeout), info.rank, info.world_size, device, timeout);
+  });
   std::printf("%s group of %d formed, timeout %lld s\n", device.is_cuda() ? "nccl" : "gloo",
               info.world_size, static_cast<long long>(timeout.count() / 1000));
   ANN model{nullptr};
@@ -386,7 +387,6 @@ int main(int argc, char** argv) try {
   if (options.quick) train = course::take(train, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
   const double bar = !options.quick && epochs >= kEpochs ? kAccuracyBar : kQuickAccuracyBar;
-
   course::Verdict verdict;
   if (!job) part1(device, train, test, options.seed, options.quick ? 5 : kPart1TimedSteps, verdict);
   part2(info, device, train, test, epochs, batch, options.seed, std::chrono::seconds(timeout_s),
