@@ -266,6 +266,38 @@ TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
   }
 }
 
+// Tests why a checkpoint carries its own checksum: with one bit of fc1.weight's bytes flipped, the
+// file passes the check of its structure and LibTorch's zip reader (which checks no CRC-32) reads
+// the changed weight without an error; load_checkpoint refuses the file by its checksum.
+TEST_F(CheckpointTest, OneFlippedBitIsFoundByTheChecksum) {
+  const std::string good = scratch.file("good.pt"), flipped = scratch.file("flipped.pt");
+  Training trained = run(1, good);
+  const torch::Tensor weight = trained.model->fc1->weight.detach().contiguous();
+  const std::string first(static_cast<const char*>(weight.data_ptr()), 64);  // its first floats
+  std::string bytes = read_bytes(good);
+  const std::size_t at = bytes.find(first);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1] ^= 0x10;  // one bit of the first weight's mantissa
+  write_bytes(flipped, bytes);
+  torch::serialize::InputArchive archive = lesson12::open_archive(flipped, kCpu), model_state_dict;
+  ASSERT_TRUE(archive.try_read("model_state_dict", model_state_dict));
+  torch::Tensor read;
+  for (const auto& [name, tensor] : course::archive_tensors(model_state_dict)) {
+    if (name == "fc1.weight") read = tensor;
+  }
+  ASSERT_TRUE(read.defined());
+  EXPECT_EQ(torch::ne(read, weight).sum().item<std::int64_t>(), 1);  // read, and changed
+  Training victim = lesson12::new_training(kCpu, lesson12::kSeed + 1);
+  try {
+    lesson12::load_checkpoint(victim, kCpu, flipped);
+    ADD_FAILURE() << "the flipped file loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("is corrupt: its contents do not match its checksum"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Tests the loader against damage everywhere in a checkpoint: truncated at 97 offsets and with
 // one byte changed at 211 positions spread over the file (the zip's headers, the pickles, the
 // tensors), each load either refuses the file with a CheckpointError or loads exactly the saved
