@@ -1,4 +1,4 @@
-// interrupt.cpp: the SIGINT handler behind StopOnInterrupt.
+// interrupt.cpp: the SIGINT handler behind StopOnInterrupt, and an abandoned epoch's message.
 #include "common/interrupt.h"
 
 #include <signal.h>
@@ -40,5 +40,15 @@ StopOnInterrupt::StopOnInterrupt() {
 StopOnInterrupt::~StopOnInterrupt() { ::sigaction(SIGINT, &previous, nullptr); }
 
 bool stop_requested() { return requested.load(); }
+
+Interrupted epoch_abandoned(const Interrupted& stop, std::int64_t done,
+                            const std::string& checkpoint) {
+  const std::string kept = checkpoint.empty() || done == 0
+                               ? "nothing is saved"
+                               : checkpoint + " holds epoch " + std::to_string(done) +
+                                     ": run the same command to resume from there";
+  return Interrupted("epoch " + std::to_string(done + 1) + " abandoned " + stop.what() + "; " +
+                     kept);
+}
 
 }  // namespace course

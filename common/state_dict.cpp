@@ -330,6 +330,12 @@ std::int64_t read_archive_int(torch::serialize::InputArchive& archive, const std
   return value.toInt();
 }
 
+std::string read_archive_string(torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue value;  // any value a file holds (an int, a string, a tensor...)
+  if (archive.try_read(key, value) && value.isString()) return value.toStringRef();
+  return "";
+}
+
 void load_adam_checked(torch::optim::Adam& optimizer, torch::serialize::InputArchive& state,
                        const std::string& path) {
   c10::IValue version;  // Adam::save writes it first: without it, this is no optimizer state

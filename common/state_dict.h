@@ -130,7 +130,10 @@ void check_adam_state(const torch::optim::Adam& optimizer,
 /// The integer `archive` holds under `key`; CheckpointError "`path` has no '`key`': `what`" when
 /// it holds none (a file of another kind, or damaged), with a HINT to restore or start over.
 std::int64_t read_archive_int(torch::serialize::InputArchive& archive, const std::string& key,
-                              const std::string& path, const std::string& what);
+                              const std::string& path,
+                              const std::string& what = "it is not a whole checkpoint");
+/// The string `archive` holds under `key`; "" when it holds none, or holds another kind of value.
+std::string read_archive_string(torch::serialize::InputArchive& archive, const std::string& key);
 
 /// Loads `state` (what Adam::save wrote, read from `path`) into `optimizer`, then check_adam_state
 /// over all its parameters. CheckpointError when `state` is no optimizer state, when Adam's load

@@ -13,10 +13,10 @@
 #include "fuzz_file.h"  // defines: fuzz::write_input
 // Lesson 12 is one file with its own main(); the target includes it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "crash_safe_checkpoints.cpp"  // defines: lesson12::load_checkpoint, Training
+#include "crash_safe_checkpoints.cpp"  // defines: lesson12::load_checkpoint, new_training
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static lesson12::Training run(torch::kCPU, lesson12::kSeed);
+  static lesson12::Training run = lesson12::new_training(torch::kCPU, lesson12::kSeed);
   const std::string& path = fuzz::write_input(data, size);
   try {
     lesson12::load_checkpoint(run, torch::kCPU, path);

@@ -833,6 +833,19 @@ TEST(StopOnInterrupt, RunLessonExits130) {
   EXPECT_NE(out.find("stopped (Ctrl-C): epoch 2 abandoned"), std::string::npos) << out;
 }
 
+// Tests what an epoch loop that saves after every epoch says when Ctrl-C stops it: the epoch
+// abandoned and what the checkpoint holds, or that nothing is saved.
+TEST(StopOnInterrupt, AbandonedEpochSaysWhatIsKept) {
+  const course::Interrupted stop("after step 12");
+  EXPECT_STREQ(course::epoch_abandoned(stop, 2, "run.pt").what(),
+               "epoch 3 abandoned after step 12; run.pt holds epoch 2: run the same command to "
+               "resume from there");
+  EXPECT_STREQ(course::epoch_abandoned(stop, 0, "run.pt").what(),
+               "epoch 1 abandoned after step 12; nothing is saved");
+  EXPECT_STREQ(course::epoch_abandoned(stop, 2, "").what(),
+               "epoch 3 abandoned after step 12; nothing is saved");
+}
+
 // Tests the HINTs for a learner's mistakes, with the errors LibTorch really raises where the CPU
 // can raise them: tensors on two devices (the meta device stands in for a GPU), and a view
 // detached in place. Anything else is still reported as a bug.
@@ -1212,4 +1225,17 @@ TEST(StateDict, AdamStateByParameter) {
   archive = archive_of(not_adam.str());
   EXPECT_EQ(refusal_of([&] { course::read_archive_int(archive, "epoch", "n.pt", "not mine"); }),
             "n.pt has no 'epoch': not mine");
+  archive = archive_of(not_adam.str());
+  EXPECT_EQ(refusal_of([&] { course::read_archive_int(archive, "step", "n.pt"); }),
+            "n.pt has no 'step': it is not a whole checkpoint");
+  // read_archive_string: a string, or "" for a missing key or another kind of value.
+  torch::serialize::OutputArchive strings;
+  strings.write("name", c10::IValue(std::string("ANN")));
+  strings.write("number", c10::IValue(std::int64_t{3}));
+  std::ostringstream written;
+  strings.save_to(written);
+  archive = archive_of(written.str());
+  EXPECT_EQ(course::read_archive_string(archive, "name"), "ANN");
+  EXPECT_EQ(course::read_archive_string(archive, "number"), "");
+  EXPECT_EQ(course::read_archive_string(archive, "missing"), "");
 }

@@ -55,7 +55,7 @@ class CheckpointTest : public FashionMnistTest {
   // after each, as the lesson resumes: the model and Adam, then the loader, then the load.
   Training run(int epochs, const std::string& path = "") {
     Progress progress = fresh_progress();
-    Training training(kCpu, lesson12::kSeed);
+    Training training = lesson12::new_training(kCpu, lesson12::kSeed);
     auto loader = course::make_train_loader(*small, lesson12::kBatchSize, lesson12::kWorkers);
     if (!path.empty() && fs::exists(path)) {
       progress = lesson12::load_checkpoint(training, kCpu, path).progress;
@@ -89,7 +89,7 @@ TEST_F(CheckpointTest, ResumeIsBitwiseExact) {
   // Lesson 10's resume: the same file, the generators left as a fresh process has them.
   run(2, scratch.file("as10.pt"));
   Progress progress = fresh_progress();
-  Training training(kCpu, lesson12::kSeed);
+  Training training = lesson12::new_training(kCpu, lesson12::kSeed);
   auto loader = course::make_train_loader(*small, lesson12::kBatchSize, lesson12::kWorkers);
   const torch::Tensor fresh = course::rng_state(kCpu);
   progress = lesson12::load_checkpoint(training, kCpu, scratch.file("as10.pt")).progress;
@@ -104,7 +104,7 @@ TEST_F(CheckpointTest, RestoresOptimizerProgressAndRng) {
   const std::string path = scratch.file("run.pt");
   Training trained = run(1, path);
   const torch::Tensor next_draw = torch::rand({8});  // what the generator gives after the save
-  Training fresh(kCpu, lesson12::kSeed + 1);
+  Training fresh = lesson12::new_training(kCpu, lesson12::kSeed + 1);
   void* const storage = fresh.model->fc1->weight.data_ptr();
   const lesson12::Loaded loaded = lesson12::load_checkpoint(fresh, kCpu, path);
   EXPECT_TRUE(torch::equal(torch::rand({8}), next_draw));
@@ -245,7 +245,7 @@ TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
   cases.emplace_back(scratch.file("other.pt"), "has no 'format'");
 
   for (const auto& [path, expected] : cases) {
-    Training victim(kCpu, lesson12::kSeed + 7);
+    Training victim = lesson12::new_training(kCpu, lesson12::kSeed + 7);
     const std::vector<torch::Tensor> before = copy_of(victim);
     try {
       lesson12::load_checkpoint(victim, kCpu, path);
@@ -266,6 +266,38 @@ TEST_F(CheckpointTest, BadCheckpointsAreRefusedAndLeaveTheModelUntouched) {
   }
 }
 
+// Tests why a checkpoint carries its own checksum: with one bit of fc1.weight's bytes flipped, the
+// file passes the check of its structure and LibTorch's zip reader (which checks no CRC-32) reads
+// the changed weight without an error; load_checkpoint refuses the file by its checksum.
+TEST_F(CheckpointTest, OneFlippedBitIsFoundByTheChecksum) {
+  const std::string good = scratch.file("good.pt"), flipped = scratch.file("flipped.pt");
+  Training trained = run(1, good);
+  const torch::Tensor weight = trained.model->fc1->weight.detach().contiguous();
+  const std::string first(static_cast<const char*>(weight.data_ptr()), 64);  // its first floats
+  std::string bytes = read_bytes(good);
+  const std::size_t at = bytes.find(first);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 1] ^= 0x10;  // one bit of the first weight's mantissa
+  write_bytes(flipped, bytes);
+  torch::serialize::InputArchive archive = lesson12::open_archive(flipped, kCpu), model_state_dict;
+  ASSERT_TRUE(archive.try_read("model_state_dict", model_state_dict));
+  torch::Tensor read;
+  for (const auto& [name, tensor] : course::archive_tensors(model_state_dict)) {
+    if (name == "fc1.weight") read = tensor;
+  }
+  ASSERT_TRUE(read.defined());
+  EXPECT_EQ(torch::ne(read, weight).sum().item<std::int64_t>(), 1);  // read, and changed
+  Training victim = lesson12::new_training(kCpu, lesson12::kSeed + 1);
+  try {
+    lesson12::load_checkpoint(victim, kCpu, flipped);
+    ADD_FAILURE() << "the flipped file loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("is corrupt: its contents do not match its checksum"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Tests the loader against damage everywhere in a checkpoint: truncated at 97 offsets and with
 // one byte changed at 211 positions spread over the file (the zip's headers, the pickles, the
 // tensors), each load either refuses the file with a CheckpointError or loads exactly the saved
@@ -277,7 +309,7 @@ TEST_F(CheckpointTest, CorruptionSweep) {
   const std::string damaged = scratch.file("damaged.pt");
   int refused = 0, loaded = 0;
   auto try_load = [&](const std::string& what) {
-    Training victim(kCpu, lesson12::kSeed + 3);
+    Training victim = lesson12::new_training(kCpu, lesson12::kSeed + 3);
     const std::vector<torch::Tensor> before = copy_of(victim);
     try {
       lesson12::load_checkpoint(victim, kCpu, damaged);
@@ -356,7 +388,7 @@ TEST_F(CheckpointTest, TensorsReachingPastTheirStorageAreRefused) {
                                   scratch.file("good_state_dict.pt"));
   stretch_out_bias(scratch.file("good.pt"), scratch.file("stretched.pt"));
   stretch_out_bias(scratch.file("good_state_dict.pt"), scratch.file("stretched_state_dict.pt"));
-  Training victim(kCpu, lesson12::kSeed + 1);
+  Training victim = lesson12::new_training(kCpu, lesson12::kSeed + 1);
   const std::vector<torch::Tensor> before = copy_of(victim);
   for (const bool checkpoint : {true, false}) {
     try {
@@ -401,7 +433,7 @@ TEST_F(CheckpointTest, FilesTheCheckRefusesNeverReachLibTorch) {
     out.writeRecord("data/0", floats.data(), floats.size());
     out.writeEndOfFile();
   }
-  Training victim(kCpu, lesson12::kSeed + 1);
+  Training victim = lesson12::new_training(kCpu, lesson12::kSeed + 1);
   const std::vector<torch::Tensor> before = copy_of(victim);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {scratch.file("unversioned.pt"), "it has no format version"},
@@ -433,7 +465,7 @@ TEST_F(CheckpointTest, FilesTheCheckRefusesNeverReachLibTorch) {
 TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
   Training trained = run(1, scratch.file("cpu.pt"));
   tag_storages_cuda(scratch.file("cpu.pt"), scratch.file("cuda.pt"));
-  Training loaded(kCpu, lesson12::kSeed + 1);
+  Training loaded = lesson12::new_training(kCpu, lesson12::kSeed + 1);
   const lesson12::Loaded info = lesson12::load_checkpoint(loaded, kCpu, scratch.file("cuda.pt"));
   EXPECT_EQ(info.saved_on, "cuda:0");  // the same pickled string
   EXPECT_EQ(course::max_abs_diff(loaded.model->parameters(), trained.model->parameters()), 0.0);
@@ -445,7 +477,7 @@ TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
 // parameters, and that the CUDA generator is saved and restored.
 TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   Scratch scratch;
-  Training on_gpu(device, lesson12::kSeed);
+  Training on_gpu = lesson12::new_training(device, lesson12::kSeed);
   torch::nn::functional::cross_entropy(on_gpu.model->forward(torch::rand({64, 784}, device)),
                                        torch::randint(0, 10, {64}, device))
       .backward();
@@ -454,7 +486,7 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   lesson12::save_checkpoint(on_gpu, progress, device, scratch.file("gpu.pt"));
   const torch::Tensor next_gpu_draw = torch::rand({8}, device);
 
-  Training on_cpu(kCpu, lesson12::kSeed);
+  Training on_cpu = lesson12::new_training(kCpu, lesson12::kSeed);
   const lesson12::Loaded loaded = lesson12::load_checkpoint(on_cpu, kCpu, scratch.file("gpu.pt"));
   EXPECT_EQ(loaded.saved_on, device.str());
   EXPECT_TRUE(loaded.cuda_rng);  // held, and not restored: the run is on the CPU
@@ -463,13 +495,13 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
       course::adam_state(on_cpu.optimizer, on_cpu.model->fc1->weight)->exp_avg().device().is_cpu());
 
   lesson12::save_checkpoint(on_cpu, progress, kCpu, scratch.file("cpu.pt"));
-  Training back(device, lesson12::kSeed);
+  Training back = lesson12::new_training(device, lesson12::kSeed);
   lesson12::load_checkpoint(back, device, scratch.file("cpu.pt"));
   EXPECT_EQ(course::max_abs_diff(back.model->parameters(), on_cpu.model->parameters()), 0.0);
   EXPECT_EQ(course::adam_state(back.optimizer, back.model->fc1->weight)->exp_avg().device(),
             back.model->fc1->weight.device());
 
-  Training again(device, lesson12::kSeed);
+  Training again = lesson12::new_training(device, lesson12::kSeed);
   const lesson12::Loaded restored =
       lesson12::load_checkpoint(again, device, scratch.file("gpu.pt"));
   EXPECT_TRUE(restored.cuda_rng);
