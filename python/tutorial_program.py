@@ -20,6 +20,9 @@ does, so that the C++ lessons can read what this program writes and the other wa
                weights_only=True))
   --time       after each epoch's line, its seconds ("epoch time 4.21 s"; scripts/yardstick reads
                them), the clock read after the epoch's last .item(), which waits for the device
+  --torchvision  the tutorial's own data: torchvision's datasets.FashionMNIST with
+               transform=transforms.ToTensor() (each image a PIL image, then a tensor), over
+               uncompressed copies of the IDX files in a temporary folder (download=False)
 
 Data: --data-dir, else $GPU_LESSONS_DATA_DIR, else /usr/share/datasets/fashion-mnist. Run it with
 the Python whose torch matches the C++ build's LibTorch (Debian's python3-torch for the debian
@@ -28,7 +31,9 @@ flavour, .venv/bin/python for 2.11).
 import argparse
 import gzip
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import torch
@@ -51,6 +56,25 @@ class FashionMNIST(Dataset):
 
     def __getitem__(self, i):
         return self.images[i].unsqueeze(0).float().div(255), int(self.labels[i])
+
+
+def torchvision_datasets(data_dir, folder):
+    """The tutorial's datasets.FashionMNIST(root, train, download=False,
+    transform=transforms.ToTensor()) for training and test, over copies of the IDX files that
+    torchvision finds where it would have downloaded them: root/FashionMNIST/raw, uncompressed."""
+    from torchvision import datasets, transforms
+    raw = os.path.join(folder, "FashionMNIST", "raw")
+    os.makedirs(raw)
+    for prefix in ("train", "t10k"):
+        for kind in ("images-idx3", "labels-idx1"):
+            name = f"{prefix}-{kind}-ubyte"
+            source = os.path.join(data_dir, name + ".gz")
+            if not os.path.isfile(source):
+                sys.exit(f"error: no {source}\nHINT: sudo apt-get install dataset-fashion-mnist")
+            with gzip.open(source, "rb") as f, open(os.path.join(raw, name), "wb") as out:
+                shutil.copyfileobj(f, out)
+    return [datasets.FashionMNIST(root=folder, train=train, download=False,
+                                  transform=transforms.ToTensor()) for train in (True, False)]
 
 
 def read_idx(path):
@@ -88,6 +112,7 @@ def main():
     parser.add_argument("--save", metavar="FILE")
     parser.add_argument("--load", metavar="FILE")
     parser.add_argument("--time", action="store_true")
+    parser.add_argument("--torchvision", action="store_true")
     parser.add_argument("--data-dir", default=os.environ.get(
         "GPU_LESSONS_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
     args = parser.parse_args()
@@ -98,8 +123,17 @@ def main():
     print("Using:", device)
 
     # 2. Data
-    train_ds = FashionMNIST(args.data_dir, train=True, limit=args.limit)
-    test_ds = FashionMNIST(args.data_dir, train=False)
+    if args.torchvision:
+        folder = tempfile.mkdtemp(prefix="tutorial-program-")
+        try:
+            train_ds, test_ds = torchvision_datasets(args.data_dir, folder)
+        finally:
+            shutil.rmtree(folder)  # torchvision has read the files into memory
+        if args.limit is not None:
+            train_ds = torch.utils.data.Subset(train_ds, range(args.limit))
+    else:
+        train_ds = FashionMNIST(args.data_dir, train=True, limit=args.limit)
+        test_ds = FashionMNIST(args.data_dir, train=False)
     train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)
     test_loader = DataLoader(test_ds, batch_size=64)
 

@@ -2,11 +2,13 @@
 # setup.sh: installs what the flavour GPU_LESSONS_TORCH names needs (only what is missing), with
 # sudo when not root. Safe to run again.
 #   debian  Debian's packages: libtorch-dev (LibTorch 1.13, CPU) and python3-torch (the same
-#           build, for the Python yardstick and the tests that read files Python wrote), and
+#           build, for the Python yardstick and the tests that read files Python wrote) with
+#           python3-torchvision (the tutorial's data pipeline, for the yardstick), and
 #           OpenBLAS (OpenMP) selected as the system BLAS: LibTorch runs on whatever BLAS the
 #           system provides, and the reference BLAS is about 30x slower; clang and
 #           libclang-rt-dev for the fuzz targets, which this flavour's suite runs.
-#   2.11    torch==2.11.0 from PyPI (CUDA 13) in the project's virtual environment .venv; needs
+#   2.11    torch==2.11.0 from PyPI (CUDA 13) and its torchvision==0.26.0 (the tutorial's data
+#           pipeline, for the yardstick) in the project's virtual environment .venv; needs
 #           the CUDA toolkit of the same major version (nvcc on the PATH) to configure.
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
 # Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
@@ -16,6 +18,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"
 venv=$root/.venv
 torch_pin=2.11.0
+torchvision_pin=0.26.0  # the torchvision release built against torch 2.11
 
 if [ "$flavour" = auto ]; then
   if python3 -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
@@ -31,7 +34,8 @@ packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1
           dataset-fashion-mnist libgloo-dev python3)
 case "$flavour" in
   # clang and its runtimes: the fuzz targets (libFuzzer), which the debian flavour's suite runs.
-  debian) packages+=(libtorch-dev python3-torch libopenblas0-openmp clang libclang-rt-dev) ;;
+  debian) packages+=(libtorch-dev python3-torch python3-torchvision libopenblas0-openmp clang
+                     libclang-rt-dev) ;;
   2.11) packages+=(python3-venv) ;;
 esac
 
@@ -76,6 +80,10 @@ if [ "$flavour" = 2.11 ]; then
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q "torch==$torch_pin" numpy
+  fi
+  if ! "$venv/bin/python" -c 'import torchvision' 2>/dev/null; then
+    echo "setup: installing torchvision==$torchvision_pin from PyPI into $venv"
+    "$venv/bin/python" -m pip install -q "torch==$torch_pin" "torchvision==$torchvision_pin"
   fi
 fi
 
