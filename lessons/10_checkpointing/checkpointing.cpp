@@ -33,7 +33,7 @@
 #include "common/cli.h"         // defines: Cli, start_lesson
 #include "common/compare.h"     // defines: max_abs_diff
 #include "common/dataset.h"     // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
-#include "common/interrupt.h"   // defines: StopOnInterrupt, stop_requested, Interrupted
+#include "common/interrupt.h"   // defines: StopOnInterrupt, stop_requested, epoch_abandoned
 #include "common/state_dict.h"  // defines: CheckpointError, Python's files, the checks of a file
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/verdict.h"           // defines: Verdict, report_error
@@ -209,11 +209,8 @@ void train_to(ANN& model, torch::optim::Adam& optimizer, TrainLoader& train_load
     double loss = 0;
     try {
       loss = train_epoch(model, train_loader, optimizer, device);
-    } catch (const course::Interrupted& stop) {
-      const std::string kept = checkpoint + " holds epoch " + std::to_string(epoch) +
-                               ": run the same command to resume from there";
-      throw course::Interrupted("epoch " + std::to_string(epoch + 1) + " abandoned " + stop.what() +
-                                "; " + (epoch == 0 ? "nothing is saved" : kept));
+    } catch (const course::Interrupted& stop) {  // says what the checkpoint holds
+      throw course::epoch_abandoned(stop, epoch, checkpoint);
     }
     save_checkpoint(model, optimizer, ++epoch, checkpoint);
     std::printf("Epoch %lld, Loss: %.4f  (saved to %s)\n", static_cast<long long>(epoch), loss,
