@@ -15,12 +15,6 @@
 
 namespace {
 
-std::vector<torch::Tensor> gradients(lesson09::ANN& model) {
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : model->parameters()) grads.push_back(p.grad());
-  return grads;
-}
-
 // ---- part 1 ---------------------------------------------------------------------------------------
 // Tests that a DataParallel step (replicas on CPU threads) gives one model's loss and gradients on
 // the whole batch, leaves them on the model's parameters, and does not touch its values.
@@ -41,7 +35,10 @@ TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
       one_loss.backward();
       const double tol = course::tolerance_for(dtype);
       EXPECT_LE(course::max_rel_diff(loss, one_loss), tol) << dtype << " " << replicas;
-      EXPECT_LE(course::max_rel_diff(gradients(model), gradients(one)), tol) << dtype << " " << replicas;
+      EXPECT_LE(course::max_rel_diff(course::gradients(model->parameters()),
+                                     course::gradients(one->parameters())),
+                tol)
+          << dtype << " " << replicas;
       EXPECT_TRUE(torch::equal(torch::nn::utils::parameters_to_vector(model->parameters()), before));
     }
   }
