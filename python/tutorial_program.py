@@ -68,21 +68,24 @@ def torchvision_datasets(data_dir, folder):
     for prefix in ("train", "t10k"):
         for kind in ("images-idx3", "labels-idx1"):
             name = f"{prefix}-{kind}-ubyte"
-            source = os.path.join(data_dir, name + ".gz")
-            if not os.path.isfile(source):
-                sys.exit(f"error: no {source}\nHINT: sudo apt-get install dataset-fashion-mnist")
+            source = require_file(os.path.join(data_dir, name + ".gz"))
             with gzip.open(source, "rb") as f, open(os.path.join(raw, name), "wb") as out:
                 shutil.copyfileobj(f, out)
     return [datasets.FashionMNIST(root=folder, train=train, download=False,
                                   transform=transforms.ToTensor()) for train in (True, False)]
 
 
-def read_idx(path):
-    """An IDX file (gzipped): a magic number, the sizes, then unsigned bytes."""
+def require_file(path):
+    """`path`, or the program ends with an error naming it and the fix."""
     if not os.path.isfile(path):
         sys.exit(f"error: no {path}\nHINT: sudo apt-get install dataset-fashion-mnist, or give "
                  "--data-dir (or GPU_LESSONS_DATA_DIR) the folder of the four .gz files")
-    with gzip.open(path, "rb") as f:
+    return path
+
+
+def read_idx(path):
+    """An IDX file (gzipped): a magic number, the sizes, then unsigned bytes."""
+    with gzip.open(require_file(path), "rb") as f:
         data = f.read()
     dims = data[3]
     shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
