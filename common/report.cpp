@@ -96,14 +96,14 @@ std::string print_timed_runs(const std::vector<TimedRun>& runs, const std::strin
   std::string text =
       format("\n%-10s %-33s %11s %15s\n", "run", (time + ": median (fastest-slowest)").c_str(),
              rate.c_str(), figure.c_str());
-  bool busy = false;
+  std::vector<Timing> timings;
   for (const TimedRun& run : runs) {
-    busy = busy || looks_busy(run.timing);
+    timings.push_back(run.timing);
     const double per_second = run.timing.median_s > 0 ? run.items / run.timing.median_s : 0;
     text += format("%-10s %-32s %12.0f %12.4f\n", run.name.c_str(),
                    describe(run.timing, "s").c_str(), per_second, run.figure);
   }
-  if (busy) text += busy_note() + "\n";
+  text += timing_note(timings);
   for (size_t i = 1; i < runs.size(); ++i) {
     text += format("%s is %.2fx the speed of %s on %s\n", runs[i].name.c_str(),
                    runs[i - 1].timing.median_s / runs[i].timing.median_s, runs[i - 1].name.c_str(),

@@ -63,8 +63,12 @@ Timing per_piece(Timing t, double count) {
 
 std::string describe(const Timing& timing, const char* unit) {
   char text[160];
-  std::snprintf(text, sizeof text, "%.3f %s (%.3f-%.3f, %d runs)", timing.median_s, unit,
-                timing.min_s, timing.max_s, timing.runs);
+  if (timing.runs == 1) {
+    std::snprintf(text, sizeof text, "%.3f %s (one run, no spread)", timing.median_s, unit);
+  } else {
+    std::snprintf(text, sizeof text, "%.3f %s (%.3f-%.3f, %d runs)", timing.median_s, unit,
+                  timing.min_s, timing.max_s, timing.runs);
+  }
   return text;
 }
 
@@ -87,6 +91,18 @@ std::string busy_note() {
                 "such figures do not repeat (close other programs, or try --threads 1)",
                 kBusyRatio);
   return text;
+}
+
+std::string timing_note(const std::vector<Timing>& timings) {
+  const auto any = [&](bool (*test)(const Timing&)) {
+    return std::any_of(timings.begin(), timings.end(), test);
+  };
+  if (any(looks_busy)) return busy_note() + "\n";
+  if (any([](const Timing& t) { return t.runs == 1; })) {
+    return "note: one run, so no spread: a busy machine would not show in it; take a median of "
+           "several (more epochs, or without --quick) before comparing\n";
+  }
+  return "";
 }
 
 std::int64_t count_operators(const std::function<void()>& work) {

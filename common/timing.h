@@ -50,7 +50,8 @@ Timing per_piece(Timing t, double count);
 /// operators included. On a GPU most of them launch a kernel each.
 std::int64_t count_operators(const std::function<void()>& work);
 
-/// "0.412 s (0.391-0.520, 4 runs)": the median, then the fastest and the slowest run.
+/// "0.412 s (0.391-0.520, 4 runs)": the median, then the fastest and the slowest run; a single
+/// run says so: "0.412 s (one run, no spread)".
 std::string describe(const Timing& timing, const char* unit = "s");
 /// The same in milliseconds: "412.000 ms (391.000-520.000, 4 runs)".
 std::string describe_ms(const Timing& timing);
@@ -61,5 +62,9 @@ bool looks_busy(const Timing& timing);
 /// What a lesson prints under a table in which some timing looks_busy(): what happened and how
 /// to get figures that repeat.
 std::string busy_note();
+/// What a lesson prints under its timings, one line ending in a newline, or "" when there is
+/// nothing to say: busy_note() when one of them looks_busy(); else, when one of them is a single
+/// run, that one run shows no spread, so a busy machine could not be seen in it.
+std::string timing_note(const std::vector<Timing>& timings);
 
 }  // namespace course

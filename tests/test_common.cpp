@@ -776,6 +776,20 @@ TEST(Timing, DescribeAndBusy) {
   EXPECT_TRUE(course::looks_busy(t));
   t.runs = 1;  // one run has no spread to judge
   EXPECT_FALSE(course::looks_busy(t));
+  EXPECT_EQ(course::describe(t, "s"), "0.412 s (one run, no spread)");
+}
+
+// Tests the note a lesson prints under its timings: the busy note when one of them spreads too
+// far; else a single run's note when one of them is one run; else nothing.
+TEST(Timing, NoteUnderTimings) {
+  const course::Timing steady{0.4, 0.39, 0.41, 5}, spread{0.4, 0.3, 0.6, 5}, single{0.4, 0.4, 0.4, 1};
+  EXPECT_EQ(course::timing_note({steady, steady}), "");
+  EXPECT_EQ(course::timing_note({}), "");
+  EXPECT_EQ(course::timing_note({steady, spread}), course::busy_note() + "\n");
+  EXPECT_EQ(course::timing_note({spread, single}), course::busy_note() + "\n");
+  const std::string one = course::timing_note({steady, single});
+  EXPECT_EQ(one.rfind("note: one run, so no spread", 0), 0u) << one;
+  EXPECT_EQ(one.back(), '\n');
 }
 
 // Tests the median for odd, even and empty inputs.

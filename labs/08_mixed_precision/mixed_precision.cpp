@@ -330,7 +330,7 @@ course::Timing time_step(std::int64_t batch, const torch::Device& device, torch:
 
 void print_timings(const torch::Device& device, torch::ScalarType dtype) {
   std::printf("\nbatch  precision  ms per step: median (fastest-slowest)  speed-up over fp32\n");
-  bool busy = false;
+  std::vector<course::Timing> timings;
   for (const std::int64_t batch : {kBatchSize, kLargeBatch}) {
     const course::Timing fp32 = time_step(batch, device, dtype, /*use_amp=*/false);
     const course::Timing mixed = time_step(batch, device, dtype, /*use_amp=*/true);
@@ -338,9 +338,9 @@ void print_timings(const torch::Device& device, torch::ScalarType dtype) {
                 course::describe_ms(fp32).c_str());
     std::printf("%-6lld %-10s %-38s %.2fx\n", static_cast<long long>(batch), c10::toString(dtype),
                 course::describe_ms(mixed).c_str(), fp32.median_s / mixed.median_s);
-    busy = busy || course::looks_busy(fp32) || course::looks_busy(mixed);
+    timings.insert(timings.end(), {fp32, mixed});
   }
-  if (busy) std::cout << course::busy_note() << "\n";
+  std::cout << course::timing_note(timings);  // a busy machine, or single runs: says so
 }
 
 }  // namespace lesson08

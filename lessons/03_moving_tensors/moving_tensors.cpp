@@ -186,9 +186,7 @@ void print_creation_and_copies(const torch::Device& device, std::int64_t bytes,
             << "slowest):\n  directly on " << device << ": " << course::describe_ms(direct)
             << "\n  on the CPU, then .to(" << device << "): " << course::describe_ms(via_cpu)
             << "\n";
-  if (course::looks_busy(direct) || course::looks_busy(via_cpu)) {
-    std::cout << course::busy_note() << "\n";
-  }
+  std::cout << course::timing_note({direct, via_cpu});  // a busy machine: says so
   if (device.is_cuda()) {
     std::cout << "Host-to-device copy of " << bytes / (1 << 20) << " MiB: pageable "
               << copy_bandwidth(device, bytes, false) << " GB/s, pinned "
@@ -212,14 +210,12 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
   const char* names[3] = {"loop, .item() per element", "copy once, loop over an accessor",
                           "one tensor op"};
   double seconds[3];
-  bool busy = false;
   for (int w = 0; w < 3; ++w) {
     seconds[w] = times[w].median_s;
-    busy = busy || course::looks_busy(times[w]);
     std::printf("  %-34s %-34s = %.6f\n", names[w], course::describe_ms(times[w]).c_str(),
                 results[w]);
   }
-  if (busy) std::cout << course::busy_note() << "\n";
+  std::cout << course::timing_note({times[0], times[1], times[2]});
   std::printf("  the loop with .item() took %.0fx the time of the tensor op\n",
               seconds[0] / seconds[2]);
   const double tolerance = 1e-9 * std::abs(results[2]);  // double sums, added in other orders

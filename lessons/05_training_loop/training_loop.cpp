@@ -217,7 +217,7 @@ int main(int argc, char** argv) try {
   std::cout << "\nepoch time " << course::describe(t) << ", "
             << static_cast<std::int64_t>(static_cast<double>(train_size) / t.median_s)
             << " samples/s on " << device << "\n";
-  if (course::looks_busy(t)) std::cout << course::busy_note() << "\n";
+  std::cout << course::timing_note({t});  // a busy machine, or a single epoch: says so
 
   // The 0.85 bar is for the full run (all images, >= 5 epochs, batches of <= 64).
   const bool full_run = !options.quick && epochs >= kEpochs && batch_size <= kBatchSize;

@@ -241,12 +241,7 @@ ModeFacts measure_modes(ANN& model, const torch::Tensor& x, const torch::Device&
   print_row("NoGradGuard", m.no_grad);
   m.inference = measure_pass(model, x, Mode::kInference, device);
   print_row("InferenceMode", m.inference);
-  for (const PassFacts* f : {&m.grad, &m.no_grad, &m.inference}) {
-    if (course::looks_busy(f->time)) {
-      std::cout << course::busy_note() << "\n";
-      break;
-    }
-  }
+  std::cout << course::timing_note({m.grad.time, m.no_grad.time, m.inference.time});
   return m;
 }
 

@@ -317,6 +317,7 @@ void part1(const torch::Device& device, const course::ImageSet& train, const cou
   std::printf("a step of %lld images: %s, of which replicate %s (%.0f%%)\n",
               static_cast<long long>(kPart1Batch), course::describe_ms(whole).c_str(),
               course::describe_ms(copies).c_str(), 100 * copies.median_s / whole.median_s);
+  std::cout << course::timing_note({whole, copies});
   std::printf("\n(no WORLD_SIZE: part 2 as a job of one rank; torchrun starts N)\n");
 }
 

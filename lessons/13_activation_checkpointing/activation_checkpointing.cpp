@@ -33,7 +33,8 @@
 #include "common/device.h"     // defines: format_bytes, synchronize
 #include "common/generator.h"  // defines: rng_state, set_rng_state
 #include "common/memory.h"     // defines: memory_stats, reset_peak_memory
-#include "common/timing.h"     // defines: time_median
+#include "common/report.h"     // defines: format
+#include "common/timing.h"     // defines: Timing, time_median, timing_note
 #include "common/verdict.h"    // defines: Verdict, report_error
 
 namespace lesson13 {
@@ -59,7 +60,7 @@ TORCH_MODULE(DeepMlp);
 /// One training step's cost (forward, loss, backward; no optimizer).
 struct StepCost {
   std::int64_t peak_bytes = 0;  ///< peak allocated during the step, above what was live before
-  double seconds = 0;           ///< median of kTimedSteps (after one warm-up step)
+  course::Timing time;          ///< median and spread of kTimedSteps (after one warm-up step)
 };
 
 /// Loss and gradients of one step on a fixed batch, the RNG seeded with `seed` first.
@@ -228,7 +229,7 @@ StepCost measure_step(DeepMlp& model, std::int64_t batch, bool checkpointed,
   course::synchronize(device);
   StepCost cost;
   cost.peak_bytes = course::memory_stats(device).peak_allocated - before;
-  cost.seconds = course::time_median(step, device, /*warmup=*/0, kTimedSteps).median_s;
+  cost.time = course::time_median(step, device, /*warmup=*/0, kTimedSteps);
   return cost;
 }
 
@@ -285,9 +286,13 @@ void compare_plain_and_checkpointed(const torch::Device& device, bool quick, std
   const std::vector<int> depths = quick ? std::vector<int>{8} : std::vector<int>{8, 16};
   const std::vector<std::int64_t> batches =
       quick ? std::vector<std::int64_t>{256} : std::vector<std::int64_t>{256, 1024};
-  std::printf("\n%6s %6s %14s %14s %7s %11s %11s %8s\n", "depth", "batch", "peak, plain",
-              "peak, ckpt", "ratio", "step, plain", "step, ckpt", "extra");
+  std::printf("\n%6s %6s %12s %12s %6s %-22s %-22s %6s\n", "depth", "batch", "peak, plain",
+              "peak, ckpt", "ratio", "step, plain: ms", "step, ckpt: ms", "extra");
   bool lower = true;
+  std::vector<course::Timing> timings;
+  const auto ms = [](const course::Timing& t) {  // "46.2 (44.0-50.1)": median (fastest-slowest)
+    return course::format("%.1f (%.1f-%.1f)", t.median_s * 1e3, t.min_s * 1e3, t.max_s * 1e3);
+  };
   for (const int depth : depths) {
     torch::manual_seed(seed);
     DeepMlp deep(depth, width);
@@ -295,18 +300,20 @@ void compare_plain_and_checkpointed(const torch::Device& device, bool quick, std
       const StepCost without = measure_step(deep, batch, false, device);
       const StepCost with = measure_step(deep, batch, true, device);
       lower = lower && with.peak_bytes < without.peak_bytes;
-      std::printf("%6d %6lld %14s %14s %6.2fx %8.1f ms %8.1f ms %+7.0f%%\n", depth,
+      std::printf("%6d %6lld %12s %12s %5.2fx %-22s %-22s %+5.0f%%\n", depth,
                   static_cast<long long>(batch),
                   course::format_bytes(static_cast<double>(without.peak_bytes)).c_str(),
                   course::format_bytes(static_cast<double>(with.peak_bytes)).c_str(),
                   static_cast<double>(with.peak_bytes) / static_cast<double>(without.peak_bytes),
-                  without.seconds * 1e3, with.seconds * 1e3,
-                  (with.seconds / without.seconds - 1) * 100);
+                  ms(without.time).c_str(), ms(with.time).c_str(),
+                  (with.time.median_s / without.time.median_s - 1) * 100);
+      timings.insert(timings.end(), {without.time, with.time});
     }
   }
   std::cout << "(peak: bytes allocated during one step above those live before it; step: "
-               "forward + backward, median of "
-            << kTimedSteps << ")\n";
+               "forward + backward, median (fastest-slowest) of "
+            << kTimedSteps << ")\n"
+            << course::timing_note(timings);
   verdict.check(lower, "activation checkpointing lowers every step's peak memory");
 }
 //! [activation-part]
