@@ -49,8 +49,11 @@ std::uint64_t checksum(const at::Tensor& tensor);
 ///     1e-2, about bfloat16's own step, is the tightest bound that holds for both.
 /// A comparison of whole trajectories (training steps, each feeding the next) grows its
 /// differences step by step and needs a wider bound of its own, stated where it is made.
+constexpr double kDoubleTolerance = 1e-12, kFloatTolerance = 1e-5, kHalfTolerance = 1e-2;
 constexpr double tolerance_for(c10::ScalarType dtype) {
-  return dtype == c10::ScalarType::Double ? 1e-12 : dtype == c10::ScalarType::Float ? 1e-5 : 1e-2;
+  return dtype == c10::ScalarType::Double  ? kDoubleTolerance
+         : dtype == c10::ScalarType::Float ? kFloatTolerance
+                                           : kHalfTolerance;
 }
 
 }  // namespace course

@@ -25,7 +25,7 @@ TEST(ActivationCheckpointing, SameLossAndGradients) {
     ASSERT_FALSE(x.requires_grad());
     const auto plain = lesson13::step_gradients(model, x, y, false, 5);
     const auto kept = lesson13::step_gradients(model, x, y, true, 5);
-    const double tolerance = dtype == torch::kDouble ? 1e-12 : 1e-5;
+    const double tolerance = course::tolerance_for(dtype);
     EXPECT_LE((plain.loss - kept.loss).abs().item<double>(), tolerance);
     EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), tolerance);
     // The first segment's weight: nothing upstream requires grad, yet it has its gradient.
