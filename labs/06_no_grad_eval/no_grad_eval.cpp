@@ -127,10 +127,12 @@ enum class Mode { kGrad, kNoGrad, kInference };
 /// evaluation loop that collects predictions does (the model's train/eval state is left as is).
 //! [modes]
 torch::Tensor evaluate_in_mode(ANN& model, const torch::Tensor& images, Mode mode) {
+  //! [optional-guards]
   std::optional<torch::NoGradGuard> no_grad;    // records nothing while it lives
   std::optional<c10::InferenceMode> inference;  // no_grad, and no version counters either
   // TODO(lab 06.2): switch on the guard that `mode` asks for (no_grad or inference)
   throw std::logic_error("lab 06.2 is not done: switch on the guard that `mode` asks for (no_grad or inference)");
+  //! [optional-guards]
   std::vector<torch::Tensor> logits;
   for (std::int64_t start = 0; start < images.size(0); start += kEvalBatch) {
     // With grad, each batch's logits hold its graph, and the graph holds every activation that

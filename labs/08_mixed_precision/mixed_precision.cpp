@@ -84,6 +84,7 @@ torch::Tensor train_epoch(Model& model, Loader& train_loader,
     features = features.to(device);
     labels = labels.to(device);
 
+    //! [autocast-block]
     optimizer.zero_grad();
     torch::Tensor loss;  // declared before the block: Python's `with` has no scope, C++'s has
     {
@@ -92,6 +93,7 @@ torch::Tensor train_epoch(Model& model, Loader& train_loader,
       torch::Tensor outputs = model->forward(features);
       loss = criterion(outputs, labels);
     }  // autocast ends: backward runs each op in the dtype its forward pass used
+    //! [autocast-block]
 
     // TODO(lab 08.2): backpropagate the scaled loss, step the optimizer through the scaler, update it
     throw std::logic_error("lab 08.2 is not done: backpropagate the scaled loss, step the optimizer through the scaler, update it");

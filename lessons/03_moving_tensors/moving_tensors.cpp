@@ -200,6 +200,7 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
   const torch::Tensor x = torch::rand({n}).to(device);
   std::cout << "\nThe sum of x[i]^2 over " << n << " numbers on " << device << ", three ways:\n";
   // Each way is timed alike: one warm-up run, then the median of kTimedRuns.
+  //! [three-ways]
   auto time_way = [&](const std::function<void()>& way) {
     return course::time_median(way, device, /*warmup=*/1, kTimedRuns);
   };
@@ -207,6 +208,7 @@ void compare_three_ways(const torch::Device& device, std::int64_t n, course::Ver
   const course::Timing times[3] = {time_way([&] { results[0] = sum_of_squares_item_loop(x); }),
                                    time_way([&] { results[1] = sum_of_squares_accessor_loop(x); }),
                                    time_way([&] { results[2] = sum_of_squares_vectorized(x); })};
+  //! [three-ways]
   const char* names[3] = {"loop, .item() per element", "copy once, loop over an accessor",
                           "one tensor op"};
   double seconds[3];

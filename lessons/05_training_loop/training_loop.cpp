@@ -9,12 +9,14 @@
 //   - evaluation with model->eval(), a NoGradGuard and torch::max(outputs, 1).
 // Lesson 11 (going further) makes this loop fast and checks it against this one.
 //
+//! [run-checks]
 // Run:    build/bin/lesson05_training_loop [--device auto|cpu|cuda|cuda:N] [--epochs N]
 //                                          [--batch-size N] [--workers N] [--data-dir DIR]
 //                                          [--seed N] [--threads N] [--quick]
 // Checks: the test accuracy reaches kAccuracyBar after kEpochs epochs on all 60,000 images
 //         (kQuickAccuracyBar for shorter runs), and the epoch loss falls. Exit 0 PASS, 1 FAIL,
 //         2 bad flag or missing data (with the package to install), 130 Ctrl-C.
+//! [run-checks]
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::data, torch::max
 
 #include <cstdint>
@@ -31,6 +33,7 @@
 
 namespace lesson05 {
 
+//! [knobs]
 // ---- knobs -----------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 5;       // the model's first weights and the batches' order
 constexpr int kEpochs = 5;               // the tutorial's: for epoch in range(5)
@@ -44,6 +47,7 @@ constexpr double kAccuracyBar = 0.85;  // test accuracy after kEpochs on all 60,
 constexpr int kQuickEpochs = 1;
 constexpr std::int64_t kQuickSamples = 10000;
 constexpr double kQuickAccuracyBar = 0.70;
+//! [knobs]
 
 // ---- 2. Data -----------------------------------------------------------------------------------
 //! [data]
@@ -158,6 +162,7 @@ double evaluate(ANN& model, TestLoader& test_loader, const torch::Device& device
 }  // namespace lesson05
 
 // ---- main: the tutorial's program, step by step ------------------------------------------------
+//! [main-start]
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson05.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson05;
@@ -178,6 +183,7 @@ int main(int argc, char** argv) try {
   // 1. Device: the tutorial's torch.device("cuda" if torch.cuda.is_available() else "cpu"), with
   // --device to choose (lesson 01). Prints the device first ("Device: ...").
   const torch::Device device = course::start_lesson(options);
+  //! [main-start]
   torch::manual_seed(options.seed);  // the same weights and batch order every run
 
   // 2. Data (--quick: the first kQuickSamples training images, one epoch).
@@ -219,6 +225,7 @@ int main(int argc, char** argv) try {
             << " samples/s on " << device << "\n";
   std::cout << course::timing_note({t});  // a busy machine, or a single epoch: says so
 
+  //! [verdict]
   // The 0.85 bar is for the full run (all images, >= 5 epochs, batches of <= 64).
   const bool full_run = !options.quick && epochs >= kEpochs && batch_size <= kBatchSize;
   const double bar = full_run ? kAccuracyBar : kQuickAccuracyBar;
@@ -234,3 +241,4 @@ int main(int argc, char** argv) try {
   return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
 }
 #endif
+//! [verdict]

@@ -84,6 +84,7 @@ torch::Tensor train_epoch(Model& model, Loader& train_loader,
     features = features.to(device);
     labels = labels.to(device);
 
+    //! [autocast-block]
     optimizer.zero_grad();
     torch::Tensor loss;  // declared before the block: Python's `with` has no scope, C++'s has
     {
@@ -93,6 +94,7 @@ torch::Tensor train_epoch(Model& model, Loader& train_loader,
       torch::Tensor outputs = model->forward(features);
       loss = criterion(outputs, labels);
     }  // autocast ends: backward runs each op in the dtype its forward pass used
+    //! [autocast-block]
 
     // >>> lab: backpropagate the scaled loss, step the optimizer through the scaler, update it
     scaler.scale(loss).backward();
