@@ -7,6 +7,8 @@
 
 #include <c10/core/CPUAllocator.h>  // defines: c10::SetCPUAllocator
 #include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
+#include <torch/nn/module.h>        // defines: torch::nn::Module
+#include <torch/optim/adam.h>       // defines: torch::optim::Adam, AdamParamState
 
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <ATen/Context.h>                   // defines: at::globalContext (lazy CUDA init)
@@ -197,6 +199,20 @@ std::string describe(const MemoryStats& stats) {
   return "allocated " + b(stats.allocated) + " (peak " + b(stats.peak_allocated) + "), reserved " +
          b(stats.reserved) + " (peak " + b(stats.peak_reserved) + "), " +
          std::to_string(stats.allocations) + " allocations";
+}
+
+std::int64_t training_state_bytes(const torch::nn::Module& model, const torch::optim::Adam& adam) {
+  std::int64_t bytes = 0;
+  for (const auto& p : model.parameters()) {
+    bytes += p.nbytes();
+    if (p.grad().defined()) bytes += p.grad().nbytes();
+  }
+  for (const auto& entry : adam.state()) {  // Adam's state, one entry per parameter
+    const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
+    bytes += state.exp_avg().nbytes() + state.exp_avg_sq().nbytes();
+    if (state.max_exp_avg_sq().defined()) bytes += state.max_exp_avg_sq().nbytes();
+  }
+  return bytes;
 }
 
 }  // namespace course

@@ -8,6 +8,15 @@
 
 #include <c10/core/Device.h>  // defines: c10::Device
 
+namespace torch {
+namespace nn {
+class Module;  // torch/nn/module.h
+}
+namespace optim {
+class Adam;  // torch/optim/adam.h
+}
+}  // namespace torch
+
 namespace course {
 
 /// Memory of one device. On CUDA these are the caching allocator's statistics; on the CPU those
@@ -48,5 +57,9 @@ void set_cpu_memory_budget(std::int64_t bytes);
 
 /// "allocated 1.2 MiB (peak 3.4 MiB), reserved ... , N allocations".
 std::string describe(const MemoryStats& stats);
+
+/// Bytes in the tensors of a model's training state: its parameters, their gradients (where they
+/// exist) and Adam's state (two moments per parameter, and amsgrad's maximum where kept).
+std::int64_t training_state_bytes(const torch::nn::Module& model, const torch::optim::Adam& adam);
 
 }  // namespace course

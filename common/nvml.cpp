@@ -4,7 +4,9 @@
 #include "common/nvml.h"
 
 #include <dlfcn.h>
+#include <unistd.h>  // defines: getpid
 
+#include <cstdio>
 #include <string>
 
 #include "common/device.h"  // defines: list_gpus, cuda_device_count, why_no_cuda
@@ -146,6 +148,51 @@ SmiView smi_view(const c10::Device& device) {
   }
   view.available = true;
   return view;
+}
+
+SmiWatch::SmiWatch(const c10::Device& device, std::chrono::milliseconds period, std::ostream& out)
+    : thread_([this, device, period, &out] { run(device, period, out); }) {}
+
+SmiWatch::~SmiWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+int SmiWatch::lines() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lines_;
+}
+
+void SmiWatch::run(c10::Device device, std::chrono::milliseconds period, std::ostream& out) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    const SmiView view = smi_view(device);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char line[256];
+    if (!view.available) {
+      std::snprintf(line, sizeof line, "  [nvidia-smi] nothing to watch: %s\n",
+                    view.why_not.c_str());
+    } else {
+      std::int64_t mine = -1;  // this process, as the driver counts it (-1: not listed)
+      for (const GpuProcess& p : view.processes) {
+        if (p.pid == static_cast<unsigned>(getpid())) mine = p.bytes;
+      }
+      std::snprintf(line, sizeof line, "  [nvidia-smi %5.1f s] %s used of %s; this process %s\n",
+                    seconds, format_bytes(static_cast<double>(view.used)).c_str(),
+                    format_bytes(static_cast<double>(view.total)).c_str(),
+                    mine < 0 ? "not listed" : format_bytes(static_cast<double>(mine)).c_str());
+    }
+    out << line << std::flush;
+    ++lines_;
+    if (!view.available) return;  // nothing will change: one line is enough
+    wake_.wait_for(lock, period, [this] { return stop_; });
+  }
 }
 
 }  // namespace course

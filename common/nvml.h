@@ -5,8 +5,13 @@
 // on a machine without the driver, and smi_view then says why it has nothing to show.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <c10/core/Device.h>  // defines: c10::Device
@@ -30,5 +35,26 @@ struct SmiView {
 
 /// The view of `device` (a CUDA device; anything else gives available = false, with the reason).
 SmiView smi_view(const c10::Device& device);
+
+/// `watch -n 1 nvidia-smi` inside the program: while it lives, a thread writes one line of
+/// smi_view(device) to `out` every `period` (the driver's used and total memory, and this
+/// process's as the driver counts it); where there is no view, one line saying why, then nothing.
+/// The destructor stops the thread and waits for it.
+class SmiWatch {
+ public:
+  SmiWatch(const c10::Device& device, std::chrono::milliseconds period, std::ostream& out);
+  ~SmiWatch();
+  SmiWatch(const SmiWatch&) = delete;
+  SmiWatch& operator=(const SmiWatch&) = delete;
+  int lines() const;  ///< how many lines it has written so far
+
+ private:
+  void run(c10::Device device, std::chrono::milliseconds period, std::ostream& out);
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  int lines_ = 0;
+  std::thread thread_;  // last: it starts once the members above exist
+};
 
 }  // namespace course

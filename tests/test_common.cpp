@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -916,6 +919,35 @@ TEST(SmiView, NeedsACudaDevice) {
     EXPECT_FALSE(cuda.available);
     EXPECT_NE(cuda.why_not.find("needs CUDA"), std::string::npos) << cuda.why_not;
   }
+}
+
+// Tests the watch on a device with no view: one line saying why, then nothing more, and the
+// watch stops at once when it goes out of scope (no wait for the next period).
+TEST(SmiWatch, OneLineWhereThereIsNothingToWatch) {
+  std::ostringstream out;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    const course::SmiWatch watch(c10::Device(c10::kCPU), std::chrono::hours(1), out);
+    while (watch.lines() == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(30))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(watch.lines(), 1);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::minutes(1));  // not an hour
+  const std::string text = out.str();
+  EXPECT_EQ(text.rfind("  [nvidia-smi] nothing to watch: ", 0), 0u) << text;
+  EXPECT_NE(text.find("needs CUDA"), std::string::npos) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+}
+
+// Tests the training state's bytes: parameters, then their gradients, then Adam's two moments.
+TEST(TrainingStateBytes, ParametersGradientsAndAdamsMoments) {
+  torch::nn::Linear model(3, 2);  // 8 floats: 32 bytes
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  EXPECT_EQ(course::training_state_bytes(*model, adam), 32);
+  model->forward(torch::ones({1, 3})).sum().backward();
+  EXPECT_EQ(course::training_state_bytes(*model, adam), 64);
+  adam.step();
+  EXPECT_EQ(course::training_state_bytes(*model, adam), 128);
 }
 
 // ---- state_dicts -------------------------------------------------------------------------------

@@ -1,6 +1,10 @@
 // Tests of lesson 07: step memory against batch size, freeing and emptying, the OOM loop.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
 #include <gtest/gtest.h>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
@@ -55,7 +59,7 @@ TEST(StateBytes, FourCopiesOfTheParameters) {
   TrainingRig s(torch::kCPU);
   std::int64_t parameters = 0;
   for (const auto& p : s.model->parameters()) parameters += p.nbytes();
-  EXPECT_EQ(lesson07::state_bytes(s.model, *s.optimizer), 4 * parameters);
+  EXPECT_EQ(course::training_state_bytes(*s.model, *s.optimizer), 4 * parameters);
   EXPECT_EQ(course::memory_stats(torch::kCPU).allocated - before, 4 * parameters);
 }
 
@@ -93,7 +97,7 @@ TEST_F(CudaTest, MemoryFactsOnGpu) {
   EXPECT_LT(f.reserved_after_empty, f.reserved_after_free);
   TrainingRig s(device);
   // Beyond the state, allocated holds cuBLAS's workspaces, nothing else: at most a few each.
-  const std::int64_t state = lesson07::state_bytes(s.model, *s.optimizer);
+  const std::int64_t state = course::training_state_bytes(*s.model, *s.optimizer);
   const std::int64_t allocated = course::memory_stats(device).allocated;
   EXPECT_GE(allocated, state);
   EXPECT_LE(allocated - state, 4 * static_cast<std::int64_t>(64 << 20)) << allocated - state;
@@ -104,6 +108,23 @@ TEST_F(CudaTest, MemoryFactsOnGpu) {
   ASSERT_GE(attempts.size(), 2u);
   EXPECT_FALSE(attempts.front().fit);
   EXPECT_TRUE(attempts.back().fit);
+}
+
+// Tests --watch's view on a GPU: a line each period while work runs, each with the driver's used
+// and total memory.
+TEST_F(CudaTest, WatchPrintsTheDriversViewEachPeriod) {
+  std::ostringstream out;
+  {
+    const course::SmiWatch watch(device, std::chrono::milliseconds(100), out);
+    const torch::Tensor x = torch::randn({2048, 2048}, torch::TensorOptions().device(device));
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(550);
+    while (std::chrono::steady_clock::now() < end) (void)x.mm(x);
+  }
+  const std::string text = out.str();
+  if (text.find("nothing to watch") != std::string::npos) GTEST_SKIP() << text;  // no NVML
+  EXPECT_GE(std::count(text.begin(), text.end(), '\n'), 4) << text;
+  EXPECT_NE(text.find("[nvidia-smi "), std::string::npos) << text;
+  EXPECT_NE(text.find(" used of "), std::string::npos) << text;
 }
 
 // Tests the lesson's nvidia-smi part on a GPU: NVML (the driver's library) is found, and lists this

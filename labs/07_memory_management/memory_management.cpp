@@ -2,7 +2,8 @@
 //
 // You will learn:
 //   - the tutorial's tips, line for line: a large tensor deleted (in C++: its last handle let go),
-//     torch.cuda.empty_cache(), the memory read before and after, nvidia-smi to watch it;
+//     torch.cuda.empty_cache(), the memory read before and after, nvidia-smi to watch it (and
+//     --watch: its view printed once a second while steps train, on CUDA);
 //   - to read allocated memory (held by live tensors) and reserved (held by the allocator: on
 //     CUDA, allocated plus its cache), their peaks and the allocations, with the caching
 //     allocator's own API (torch.cuda.memory_allocated() is CUDACachingAllocator::getDeviceStats);
@@ -12,13 +13,14 @@
 //     smaller batch. On the CPU a budget on the course's counting allocator stands in for a full
 //     GPU, so the same loop runs (and is tested) anywhere.
 //
-// Run:    build/bin/lesson07_memory_management [--device auto|cpu|cuda|cuda:N] [--quick]
+// Run:    build/bin/lesson07_memory_management [--device auto|cpu|cuda|cuda:N] [--quick] [--watch]
 // Checks: the deleted tensor's memory returns to the baseline; peak memory grows with the batch
 //         size; the OOM loop ends on a batch that fits after at least one failure. Exit 0 PASS,
 //         1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, c10::OutOfMemoryError
 #include <unistd.h>       // defines: getpid
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -32,7 +34,7 @@
 
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/device.h"   // defines: format_bytes
-#include "common/memory.h"   // defines: MemoryStats, the CPU's counting allocator and budget
+#include "common/memory.h"   // defines: MemoryStats, training_state_bytes, the CPU's budget
 #include "common/nvml.h"     // defines: smi_view (nvidia-smi's view, from the driver's NVML)
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
@@ -45,12 +47,12 @@ const std::vector<std::int64_t> kBatchSizes = {64, 256, 1024, 4096};
 constexpr std::int64_t kFreeBytes = 256 << 20;     // my_large_tensor, in the tutorial's tips
 constexpr std::int64_t kCpuBudget = 256 << 20;     // CPU: allocations past this throw OOM
 constexpr std::int64_t kCpuOomStartBatch = 65536;  // CPU: first batch the OOM loop tries
+constexpr int kWatchSeconds = 5;                   // --watch: how long steps train, watched
 
 std::string mib(std::int64_t bytes) { return course::format_bytes(static_cast<double>(bytes)); }
 
 // ---- 1. The tutorial's memory tips -------------------------------------------------------------
-// torch.cuda.memory_allocated(), memory_reserved() and the rest: the caching allocator's own API,
-// in section 3 (declared here, so that the tutorial's part can come first).
+// torch.cuda.memory_allocated() and the rest: in section 3, declared here for the tutorial's part.
 course::MemoryStats read_memory(const torch::Device& device);
 
 /// Allocated and reserved memory around the tutorial's lines.
@@ -97,22 +99,6 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2, fc3;
 };
 TORCH_MODULE(Net);
-
-/// Bytes in the tensors that make up the model's training state: parameters, their gradients
-/// and the optimizer's state (Adam: two moments per parameter).
-std::int64_t state_bytes(Net& model, torch::optim::Adam& optimizer) {
-  std::int64_t bytes = 0;
-  for (const auto& p : model->parameters()) {
-    bytes += p.nbytes();
-    if (p.grad().defined()) bytes += p.grad().nbytes();
-  }
-  for (const auto& entry : optimizer.state()) {  // Adam's state, one entry per parameter
-    const auto& adam = static_cast<const torch::optim::AdamParamState&>(*entry.second);
-    bytes += adam.exp_avg().nbytes() + adam.exp_avg_sq().nbytes();
-    if (adam.max_exp_avg_sq().defined()) bytes += adam.max_exp_avg_sq().nbytes();
-  }
-  return bytes;
-}
 
 // ---- 3. Reading the allocator ------------------------------------------------------------------
 /// The memory of `device`: on CUDA the caching allocator's statistics, read with its own API; on
@@ -222,8 +208,8 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
 }
 //! [oom-loop]
 
-/// Prints what nvidia-smi shows for `device` (the driver's used and total, every process on the
-/// GPU with its memory) beside this process's allocator; on the CPU, that it is skipped.
+/// Prints nvidia-smi's view of `device` (used, total, each process) beside this process's
+/// allocator.
 //! [smi-view]
 void show_smi_view(const torch::Device& device) {
   if (!device.is_cuda()) {
@@ -262,6 +248,22 @@ void show_smi_view(const torch::Device& device) {
   }
 }
 //! [smi-view]
+
+// --watch: steps train for kWatchSeconds while another thread prints nvidia-smi's view each second.
+//! [watch]
+void watch_training(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
+                    const torch::Device& device) {
+  if (!device.is_cuda()) {
+    std::cout << "\n--watch: skipped: nvidia-smi watches a GPU, and this run is on " << device
+              << "\n";
+    return;
+  }
+  std::cout << "\n--watch: " << kWatchSeconds << " s of steps at batch " << batch << ":\n";
+  const course::SmiWatch watch(device, std::chrono::seconds(1), std::cout);  // stops at the `}`
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(kWatchSeconds);
+  while (std::chrono::steady_clock::now() < end) train_step(model, optimizer, batch, device);
+}
+//! [watch]
 
 // ---- the program's steps (main, below, runs them in order) --------------------------------------
 // The training state against the allocator after the first step (on CUDA: cuBLAS, the device).
@@ -320,6 +322,8 @@ int main(int argc, char** argv) try {
   course::Cli cli("lesson07_memory_management",
                   "Lesson 07: memory of a training step, freeing it, and recovering from OOM.",
                   options);
+  bool watch = false;
+  cli.add_flag("--watch", watch, "print nvidia-smi's view once a second while steps train (CUDA)");
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
@@ -339,15 +343,12 @@ int main(int argc, char** argv) try {
   verdict.check(f.allocated_with - f.allocated_before >= kFreeBytes &&
                     f.allocated_after == f.allocated_before,
                 "the deleted tensor's memory returns to the baseline");
-  std::cout << "  Watch it from a terminal: nvidia-smi, or watch -n 1 nvidia-smi (every second)"
-            << (device.is_cuda() ? ": this process is pid " + std::to_string(getpid())
-                                 : " (skipped: needs CUDA)")
-            << "\n\n";
+  std::cout << "  Watch it: watch -n 1 nvidia-smi in a terminal, or this lesson with --watch\n\n";
 
   reset_peak(device);  // the peaks from here on leave the tutorial's tensor out
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   train_step(model, optimizer, 8, device);  // Adam's state exists from here on
-  const std::int64_t state = state_bytes(model, optimizer);
+  const std::int64_t state = course::training_state_bytes(*model, optimizer);
   const course::MemoryStats after_first_step = read_memory(device);
   print_state(state, after_first_step, device);
 
@@ -376,6 +377,7 @@ int main(int argc, char** argv) try {
                     std::to_string(attempts.back().batch));
 
   // ---- what nvidia-smi shows ------------------------------------------------------------------
+  if (watch) watch_training(model, optimizer, attempts.back().batch, device);
   show_smi_view(device);
   return verdict.finish("lesson 07 on " + device.str());
 } catch (...) {
