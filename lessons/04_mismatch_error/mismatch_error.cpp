@@ -134,6 +134,7 @@ struct Attempt {
 };
 
 namespace {  // attempt() is this file's own helper: no other file can call it
+//! [attempt]
 /// Runs `run` (any callable returning a tensor, e.g. a lambda `[&] { return ...; }`, Python's
 /// `lambda: ...`), catching the error it throws as Python's `except RuntimeError as e` would.
 template <typename Run>
@@ -147,6 +148,7 @@ Attempt attempt(Run&& run) {
   }
   return result;
 }
+//! [attempt]
 Attempt attempt(Classifier& model, const torch::Tensor& batch) {
   return attempt([&] { return model->forward(batch); });
 }
