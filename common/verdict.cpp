@@ -1,11 +1,11 @@
 // verdict.cpp: verdict line, exit codes and error printing shared by every lesson.
 #include "common/verdict.h"
 
-#include "common/interrupt.h"
+#include <c10/util/Exception.h>  // defines: c10::Error::what_without_backtrace
 
 #include <iostream>
 
-#include <c10/util/Exception.h>  // defines: c10::Error::what_without_backtrace
+#include "common/interrupt.h"
 
 namespace course {
 
@@ -24,11 +24,26 @@ std::string hint_for(const std::string& message) {
     return "a lab TODO is still to do: write what its comment asks for, then grade the lab "
            "(scripts/grade-lab NN)";
   }
-  if (has("Expected all tensors to be on the same device") || has("is not on the expected device") ||
-      has("to have the same device as")) {
-    return "two tensors in one operation are on different devices: a batch left on the CPU "
-           "(move it with .to(device), where the model is), or an optimizer built before "
-           "model->to(device) (build it after the move); lesson 04 shows this error and its fix";
+  if (has("Expected all tensors to be on the same device") ||
+      has("is not on the expected device") || has("to have the same device as")) {
+    return "two tensors in one operation are on different devices: the model left on the CPU "
+           "(model->to(device), once, right after building it), a batch or its labels left on "
+           "the CPU (move both with .to(device) in the loop), predictions compared with labels "
+           "on the CPU (move the labels), or an optimizer built before model->to(device) (build "
+           "it after the move); lesson 04 shows these errors and their fixes";
+  }
+  // CUDA asked for where there is none. A CPU-only LibTorch (Debian's 1.13) says "not linked"
+  // for .cuda() and "Could not run '...' with arguments from the 'CUDA' backend" for a tensor
+  // made there (torch::load of a file saved on a GPU makes its tensors with aten::empty_strided);
+  // a LibTorch with CUDA on a machine without a GPU or driver fails in the CUDA runtime.
+  if (has("not linked with support for cuda") || has("from the 'CUDA' backend") ||
+      has("Found no NVIDIA driver") || has("CUDA driver version is insufficient") ||
+      has("no CUDA-capable device is detected")) {
+    return "this LibTorch or this machine has no CUDA, and the program asked for it: a .cuda() "
+           "or .to(torch::kCUDA) (choose the device once, torch::cuda::is_available() ? "
+           "torch::kCUDA : torch::kCPU, and write .to(device) everywhere), or a file saved on a "
+           "GPU loaded without a device (name one: torch::load(model, path, device), Python's "
+           "map_location); lesson 04 shows both";
   }
   if (has("Can't detach views in-place")) {
     return "zero_grad() was called on parameters whose gradients are views into one flat tensor "

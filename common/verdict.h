@@ -35,7 +35,8 @@ class UsageError : public CourseError {
 std::string error_message(const std::exception& error);
 
 /// The HINT for an error that is not a CourseError, from its message: the mistakes a learner
-/// makes (a lab TODO still to do, tensors on two devices, an optimizer or a model changed under
+/// makes (a lab TODO still to do, tensors on two devices, CUDA asked for where there is none (a
+/// .cuda(), a file saved on a GPU loaded without a device), an optimizer or a model changed under
 /// the other, memory run out) get a HINT that names them; anything else is reported as a bug.
 std::string hint_for(const std::string& message);
 

@@ -892,6 +892,56 @@ TEST(Hints, NameTheLearnersMistake) {
   EXPECT_NE(course::hint_for("std::bad_function_call").find("bug"), std::string::npos);
 }
 
+// Tests the HINTs for the mistakes lesson 04 shows, with the messages LibTorch really printed
+// for them (error_message's first line; where that line is long, its first sentence): the
+// mismatch of a model, labels or predictions left on the CPU, and CUDA asked for where there is
+// none, by .cuda() or by a file saved on a GPU loaded without a device. On this machine, when it
+// has no CUDA, .cuda() is also run, and its message given the same HINT.
+TEST(Hints, NameEachOfLessonFoursMistakes) {
+  const auto names = [](const std::string& message, const char* fix) {
+    return course::hint_for(message).find(fix) != std::string::npos;
+  };
+  // A model, labels or predictions on the meta device (a GPU's stand-in) meet a CPU tensor
+  // (LibTorch 1.13 and 2.11 alike); on a GPU the devices are cuda:0 and cpu.
+  const std::string mismatch =
+      "Expected all tensors to be on the same device, but found at least two devices, meta and "
+      "cpu!";
+  EXPECT_TRUE(names(mismatch, "model->to(device)"));
+  EXPECT_TRUE(names(mismatch, "labels"));
+  // .cuda() or .to(torch::kCUDA): Debian's LibTorch 1.13 (built without CUDA), then 2.11 (built
+  // with CUDA) on a machine without a GPU.
+  const std::vector<std::string> no_cuda = {
+      "PyTorch is not linked with support for cuda devices",
+      "CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+      // torch::randn(..., torch::kCUDA): 1.13, then 2.11 without a GPU.
+      "Could not run 'aten::empty.memory_format' with arguments from the 'CUDA' backend. This "
+      "could be because the operator doesn't exist for this backend, or was omitted during the "
+      "selective/custom build process (if using custom build).",
+      "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+      "installed a driver from http://www.nvidia.com/Download/index.aspx",
+      // torch::load(model, path) of a file saved on a GPU, no device named: 1.13 (2.11 without
+      // a GPU says "Found no NVIDIA driver", above).
+      "Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend. This could be "
+      "because the operator doesn't exist for this backend, or was omitted during the "
+      "selective/custom build process (if using custom build).",
+  };
+  for (const std::string& message : no_cuda) {
+    EXPECT_TRUE(names(message, ".to(device)")) << message;
+    EXPECT_TRUE(names(message, "map_location")) << message;
+    EXPECT_TRUE(names(message, "lesson 04")) << message;
+  }
+  if (!torch::cuda::is_available()) {
+    std::string message;
+    try {
+      (void)torch::ones({2}).cuda();
+    } catch (const std::exception& e) {
+      message = course::error_message(e);
+    }
+    ASSERT_FALSE(message.empty()) << ".cuda() ran on a machine without CUDA";
+    EXPECT_TRUE(names(message, ".to(device)")) << message;
+  }
+}
+
 // Tests that run_lesson() prints a lab TODO's throw with its HINT and ends with RESULT: FAIL.
 TEST(Hints, RunLessonNamesALabTodo) {
   testing::internal::CaptureStdout();

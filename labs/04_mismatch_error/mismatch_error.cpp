@@ -7,22 +7,30 @@
 //     with "Expected all tensors to be on the same device, but found at least two devices";
 //   - the usual cause in a program: the model was moved to the GPU, the batch was not; the fix:
 //     move each batch to the model's device (or create it there);
-//   - on a machine without a GPU, the meta device (shapes without data) raises the same error,
-//     so the lesson shows the real message everywhere; on a GPU it shows the CPU/CUDA case.
+//   - the tutorials' common mistakes, each with LibTorch's own message, the course's HINT and the
+//     fix: the model left on the host, the labels left on the host, predictions compared with
+//     labels on the host, .cuda() where there is no CUDA, a GPU's checkpoint loaded without a
+//     device;
+//   - on a machine without a GPU, the meta device (shapes without data) stands in for it where
+//     an operation checks devices (an elementwise op, a comparison), not where it does not (a
+//     matrix product, the loss): the lesson says which, and shows those on a GPU only.
 //
 // Run:    build/bin/lesson04_mismatch_error [--device auto|cpu|cuda|cuda:N]
 // Checks: the tutorial's sum of a CPU and a device tensor raises the mismatch error and runs
 //         once both are on the device; the CPU batch fed to the model raises it too, the HINT
 //         names the fix, and the moved batch gives an output of the right shape on the model's
-//         device. Exit 0 PASS, 1 FAIL, 2 bad flag.
-#include <torch/torch.h>  // defines: torch::nn::Module, torch::addmm, c10::Error
+//         device; each common mistake that can happen here raises an error whose HINT names its
+//         fix, and the fix runs. Exit 0 PASS, 1 FAIL, 2 bad flag.
+#include <torch/torch.h>  // defines: torch::nn::Module, torch::addmm, torch::save, c10::Error
 
 #include <cstdint>
+#include <exception>
 #include <iostream>
 #include <string>
 
-#include "common/cli.h"      // defines: Cli, start_lesson
-#include "common/verdict.h"  // defines: Verdict, error_message, report_error
+#include "common/cli.h"               // defines: Cli, start_lesson
+#include "common/temporary_folder.h"  // defines: TemporaryFolder (where mistake 5's file goes)
+#include "common/verdict.h"           // defines: Verdict, error_message, hint_for, print_error
 
 namespace lesson04 {
 
@@ -126,15 +134,23 @@ struct Attempt {
 };
 
 namespace {  // attempt() is this file's own helper: no other file can call it
-Attempt attempt(Classifier& model, const torch::Tensor& batch) {
+//! [attempt]
+/// Runs `run` (any callable returning a tensor, e.g. a lambda `[&] { return ...; }`, Python's
+/// `lambda: ...`), catching the error it throws as Python's `except RuntimeError as e` would.
+template <typename Run>
+Attempt attempt(Run&& run) {
   Attempt result;
   try {
-    result.output = model->forward(batch);
-  } catch (const c10::Error& error) {
+    result.output = run();
+  } catch (const std::exception& error) {  // c10::Error, LibTorch's errors, is one
     result.threw = true;
     result.message = course::error_message(error);
   }
   return result;
+}
+//! [attempt]
+Attempt attempt(Classifier& model, const torch::Tensor& batch) {
+  return attempt([&] { return model->forward(batch); });
 }
 }  // namespace
 
@@ -156,12 +172,94 @@ Attempt feed_moved_batch(Classifier& model) {
 }
 //! [fix]
 
-/// The HINT the lesson prints for an error message ("" when the message is another error).
-std::string hint_for(const std::string& message) {
-  if (message.find(kMismatchText) == std::string::npos) return "";
-  return "move the inputs to the model's device before the forward pass, e.g. "
-         "batch.to(model->parameters().front().device()), and create new tensors with "
-         "x.options() (or a device) instead of on the CPU by default";
+// ---- 3. The tutorials' common mistakes
+// ----------------------------------------------------------- Each function below makes one
+// mistake, or its fix, on `device`: a GPU, or the meta device in its place (model_device_for). What
+// LibTorch raises is printed with course::hint_for's HINT.
+
+//! [mistake-model]
+// Mistake 1: the model left on the host. The batch went to the device, the model did not.
+Attempt model_left_on_host(const torch::Device& device) {
+  Classifier model = make_model(torch::kCPU);  // Python: model = ANN(), and no model.to(device)
+  return attempt(model, torch::randn({kBatch, kFeatures}).to(device));
+}
+
+// The fix: the model on the device too, once, right after it is built (model.to(device)).
+Attempt model_moved(const torch::Device& device) {
+  // TODO(lab 04.2): build the model on `device` (make_model), then feed it the batch there
+  throw std::logic_error("lab 04.2 is not done: build the model on `device` (make_model), then feed it the batch there");
+}
+//! [mistake-model]
+
+//! [mistake-labels]
+// Mistake 2: the labels left on the host. Python: loss = criterion(outputs, labels)
+Attempt loss_of(const torch::Tensor& outputs, const torch::Tensor& labels) {
+  torch::nn::CrossEntropyLoss criterion;
+  return attempt([&] { return criterion(outputs, labels); });
+}
+
+// Mistake 3: predictions on the device compared with labels on the host. Python:
+//   _, predicted = torch.max(outputs, 1)
+//   correct += (predicted == labels).sum().item()
+Attempt correct_of(const torch::Tensor& outputs, const torch::Tensor& labels) {
+  return attempt([&] {
+    // torch::max returns (values, indices) as a std::tuple; std::get<1> takes the indices.
+    const torch::Tensor predicted = std::get<1>(torch::max(outputs, /*dim=*/1));
+    return (predicted == labels).sum();  // .item() left out: meta tensors hold no number
+  });
+}
+//! [mistake-labels]
+
+//! [mistake-cuda]
+// Mistake 4: .cuda() (or .to(torch::kCUDA)) written into the program. It asks for CUDA whether
+// or not this LibTorch was built with it and this machine has a GPU.
+Attempt cuda_everywhere() {
+  return attempt([] { return torch::randn({kBatch, kFeatures}).cuda(); });
+}
+
+// The fix: the device chosen once (the tutorial's first line), then .to(device) everywhere.
+Attempt to_device() {
+  const torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  return attempt([&] { return torch::randn({kBatch, kFeatures}).to(device); });
+}
+//! [mistake-cuda]
+
+//! [mistake-checkpoint]
+// Mistake 5: a file saved on a GPU, loaded without naming a device (Python: torch.load(path)).
+// Each tensor goes back to the device it was saved from: on a machine without one, that fails.
+Attempt load_without_device(const std::string& path) {
+  Classifier model = make_model(torch::kCPU);
+  return attempt([&] {
+    torch::load(model, path);
+    return model->weight;  // where the loaded weights are
+  });
+}
+
+// The fix: name the device. Python: torch.load(path, map_location=device)
+Attempt load_onto(const std::string& path, const torch::Device& device) {
+  Classifier model = make_model(torch::kCPU);
+  return attempt([&] {
+    torch::load(model, path, device);
+    return model->weight;
+  });
+}
+//! [mistake-checkpoint]
+
+/// Saves a model whose tensors live on `device` (a GPU: the file mistake 5 loads).
+void save_on(const torch::Device& device, const std::string& path) {
+  torch::save(make_model(device), path);
+}
+
+/// Prints the error of `mistake` with the course's HINT under it, then checks that it raised
+/// one whose HINT names a fix, and that `fixed` ran with its result on `where`.
+void report(course::Verdict& verdict, const std::string& what, const Attempt& mistake,
+            const Attempt& fixed, const torch::Device& where) {
+  const std::string hint = course::hint_for(mistake.message);
+  if (mistake.threw) course::print_error(mistake.message, hint);
+  verdict.check(mistake.threw && hint.find("lesson 04") != std::string::npos,
+                what + " raises an error with a HINT naming the fix");
+  verdict.check(!fixed.threw && fixed.output.device() == where,
+                "the fix runs, its result on " + where.str(), fixed.message);
 }
 
 }  // namespace lesson04
@@ -196,20 +294,21 @@ int main(int argc, char** argv) try {
   const torch::Device model_device = model_device_for(device);
   Classifier model = make_model(model_device);
   if (model_device.is_meta()) {
-    std::cout << "No GPU in use: the model goes to the meta device, which raises the same error "
-                 "as a GPU would.\n  (With a GPU, the message names the two devices, e.g. cuda:0 "
-                 "and cpu.)\n";
+    std::cout << "No GPU in use: the model goes to the meta device, which raises the same error\n"
+                 "  as a GPU would here: its first op, x - mean, checks devices. (With a GPU, the\n"
+                 "  message names the two devices, e.g. cuda:0 and cpu.)\n";
   }
   std::cout << "Model on " << device_of(model) << "; feeding it a batch on cpu...\n";
 
   const Attempt mistake = feed_cpu_batch(model);
   if (mistake.threw) {
-    course::print_error(mistake.message, hint_for(mistake.message));
+    course::print_error(mistake.message, course::hint_for(mistake.message));
   }
   verdict.check(
       mistake.threw && mistake.message.find(kMismatchText) != std::string::npos,
       "a CPU batch fed to a model on " + model_device.str() + " raises the mismatch error");
-  verdict.check(!hint_for(mistake.message).empty(), "the error gets a HINT naming the fix");
+  verdict.check(course::hint_for(mistake.message).find(".to(device)") != std::string::npos,
+                "the error gets a HINT naming the fix");
 
   std::cout << "Fix: batch.to(" << device_of(model) << ") before the forward pass...\n";
   const Attempt fixed = feed_moved_batch(model);
@@ -225,6 +324,64 @@ int main(int argc, char** argv) try {
     std::cout << "  (meta tensors carry shapes and dtypes but no numbers: nothing to print)\n";
   } else {
     std::cout << "  first row of the output: " << fixed.output[0].to(torch::kCPU) << "\n";
+  }
+
+  const torch::Device gpu = model_device;  // the GPU, or meta in its place
+  std::cout << "\nThe tutorials' common mistakes, on " << gpu << " and cpu:\n";
+  std::cout << "\nMistake 1: the model left on cpu, the batch moved to " << gpu << "\n";
+  report(verdict, "mistake 1", model_left_on_host(gpu), model_moved(gpu), gpu);
+
+  const torch::Tensor outputs = torch::randn({kBatch, kClasses}).to(gpu);  // the model's output
+  const torch::Tensor labels = torch::randint(kClasses, {kBatch});         // on the host
+  //! [labels-fix]
+  const torch::Tensor labels_on_device = labels.to(gpu);  // the fix: labels = labels.to(device)
+  //! [labels-fix]
+  std::cout << "\nMistake 2: criterion(outputs, labels), outputs on " << gpu << ", labels on cpu\n";
+  const Attempt loss = loss_of(outputs, labels);
+  if (gpu.is_meta() && !loss.threw) {
+    std::cout << "  no error: the loss came back on " << loss.output.device()
+              << ". The meta device cannot show this\n  mistake: the loss does not check meta "
+                 "against cpu. On a GPU it is the mismatch\n  error (lesson 04's CUDA test).\n";
+    verdict.check(!loss_of(outputs, labels_on_device).threw, "the fix runs on " + gpu.str());
+  } else {
+    report(verdict, "mistake 2", loss, loss_of(outputs, labels_on_device), gpu);
+  }
+
+  std::cout << "\nMistake 3: (predicted == labels).sum(), predicted on " << gpu
+            << ", labels on cpu\n";
+  report(verdict, "mistake 3", correct_of(outputs, labels), correct_of(outputs, labels_on_device),
+         gpu);
+
+  std::cout << "\nMistake 4: .cuda() written into the program\n";
+  const Attempt cuda = cuda_everywhere();
+  if (torch::cuda::is_available()) {  // it runs here; on a machine without CUDA it raises
+    std::cout << "  this machine has CUDA: .cuda() runs here, and fails on one without\n";
+    const Attempt fixed = to_device();
+    verdict.check(!cuda.threw && cuda.output.is_cuda(), ".cuda() runs where there is CUDA");
+    verdict.check(!fixed.threw && fixed.output.is_cuda(), ".to(device) runs too, on cuda");
+  } else {
+    report(verdict, "mistake 4 (.cuda() without CUDA)", cuda, to_device(), torch::kCPU);
+  }
+
+  std::cout << "\nMistake 5: a file saved on a GPU, loaded without naming a device\n";
+  if (gpu.is_cuda()) {
+    const course::TemporaryFolder folder("lesson04-");
+    const std::string path = folder.file("saved_on_gpu.pt");
+    save_on(gpu, path);
+    const Attempt back = load_without_device(path);
+    const Attempt mapped = load_onto(path, torch::kCPU);
+    std::cout << "  torch::load(model, path): the weights land on "
+              << (back.threw ? back.message : back.output.device().str())
+              << " (where they were saved); torch::load(model, path, torch::kCPU): on "
+              << (mapped.threw ? mapped.message : mapped.output.device().str()) << "\n";
+    verdict.check(!back.threw && back.output.device() == gpu,
+                  "loaded without a device, the weights go back to " + gpu.str());
+    verdict.check(!mapped.threw && mapped.output.is_cpu(),
+                  "loaded onto cpu (map_location), on cpu");
+  } else {
+    std::cout << "  (skipped: needs CUDA) a file saved on a GPU is needed: on a machine without "
+                 "one,\n  torch::load(model, path) fails; torch::load(model, path, device) "
+                 "loads it\n";
   }
   return verdict.finish("lesson 04 on " + device.str());
 } catch (...) {
