@@ -172,10 +172,9 @@ Attempt feed_moved_batch(Classifier& model) {
 }
 //! [fix]
 
-// ---- 3. The tutorials' common mistakes
-// ----------------------------------------------------------- Each function below makes one
-// mistake, or its fix, on `device`: a GPU, or the meta device in its place (model_device_for). What
-// LibTorch raises is printed with course::hint_for's HINT.
+// ---- 3. The tutorials' common mistakes ---------------------------------------------------------
+// Each function below makes one mistake, or its fix, on `device`: a GPU, or the meta device in its
+// place (model_device_for). What LibTorch raises is printed with course::hint_for's HINT.
 
 //! [mistake-model]
 // Mistake 1: the model left on the host. The batch went to the device, the model did not.
