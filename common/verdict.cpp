@@ -30,7 +30,7 @@ std::string hint_for(const std::string& message) {
            "(model->to(device), once, right after building it), a batch or its labels left on "
            "the CPU (move both with .to(device) in the loop), predictions compared with labels "
            "on the CPU (move the labels), or an optimizer built before model->to(device) (build "
-           "it after the move); lesson 04 shows these errors and their fixes";
+           "it after the move); lesson 04 shows the first three and their fixes";
   }
   // CUDA asked for where there is none. A CPU-only LibTorch (Debian's 1.13) says "not linked"
   // for .cuda() and "Could not run '...' with arguments from the 'CUDA' backend" for a tensor

@@ -255,7 +255,7 @@ void report(course::Verdict& verdict, const std::string& what, const Attempt& mi
             const Attempt& fixed, const torch::Device& where) {
   const std::string hint = course::hint_for(mistake.message);
   if (mistake.threw) course::print_error(mistake.message, hint);
-  verdict.check(mistake.threw && hint.find("lesson 04") != std::string::npos,
+  verdict.check(mistake.threw && hint.find("to(device)") != std::string::npos,
                 what + " raises an error with a HINT naming the fix");
   verdict.check(!fixed.threw && fixed.output.device() == where,
                 "the fix runs, its result on " + where.str(), fixed.message);
