@@ -2,8 +2,7 @@
 //
 // You will learn:
 //   - the tutorial's tips, line for line: a large tensor deleted (in C++: its last handle let go),
-//     torch.cuda.empty_cache(), the memory read before and after, nvidia-smi to watch it (and
-//     --watch: its view printed once a second while steps train, on CUDA);
+//     torch.cuda.empty_cache(), the memory read before and after, nvidia-smi to watch it (--watch);
 //   - to read allocated memory (held by live tensors) and reserved (held by the allocator: on
 //     CUDA, allocated plus its cache), their peaks and the allocations, with the caching
 //     allocator's own API (torch.cuda.memory_allocated() is CUDACachingAllocator::getDeviceStats);
@@ -254,8 +253,7 @@ void show_smi_view(const torch::Device& device) {
 void watch_training(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
                     const torch::Device& device) {
   if (!device.is_cuda()) {
-    std::cout << "\n--watch: skipped: nvidia-smi watches a GPU, and this run is on " << device
-              << "\n";
+    std::cout << "\n--watch: skipped: nvidia-smi watches a GPU, not the " << device << "\n";
     return;
   }
   std::cout << "\n--watch: " << kWatchSeconds << " s of steps at batch " << batch << ":\n";
