@@ -1,9 +1,10 @@
 // bench_training: lesson 05's epoch (the tutorial's loop on LibTorch's data loader, 0 and 2
 // workers) beside each of lesson 11's faster forms, in samples per second: an epoch of the
 // tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
-// loader also with 0, 1 and 2 worker threads), an epoch of the flat form and (GPU) of the graphed
-// form at batch 64; the training step alone (the tutorial's against the flat one) on the CPU and
-// the GPU; on the GPU also the step eager against captured in a CUDA graph (batch 64 and 1024).
+// loader also with 0, 1 and 2 worker threads), an epoch of the flat form, and (GPU) an epoch of
+// lesson 15's step captured in a CUDA graph, at batch 64; the training step alone (the tutorial's
+// against the flat one) on the CPU and the GPU; on the GPU also lesson 15's step eager against
+// captured in a CUDA graph (batch 64 and 1024).
 // GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
@@ -11,12 +12,11 @@
 // GPU_LESSONS_DATA_DIR, or install dataset-fashion-mnist).
 #include <torch/torch.h>
 
-#include <optional>
-
 #include "bench.h"
 #include "common/data.h"
-// Lessons 05 and 11 are one file each with its own main(): their functions, without the mains.
+// Lessons 05, 11 and 15 are one file each with its own main(): their functions, without the mains.
 #define GPU_LESSONS_NO_MAIN
+#include "cuda_graphs.cpp"
 #include "fast_training_loop.cpp"
 #include "training_loop.cpp"
 
@@ -71,25 +71,26 @@ void BM_TrainStepCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) train_step(state, device);
 }
 
-// ---- the same step with Adam's step count on the device: eager against a CUDA graph ------------
+// ---- lesson 15's step, with Adam's step count on the device: eager against a CUDA graph ---------
 // Both run the same kernels (DeviceAdam); the graph launches them all at once.
 void BM_DeviceAdamStepCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;
   const bool graphed = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
-  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
-  lesson11::DeviceAdam adam(trainer.flat, lesson11::kLearningRate);
-  lesson11::GraphedStep graph(trainer.model, trainer.flat, adam, batch, device);
-  graph.batch.images.copy_(torch::rand({batch, 784}));
-  graph.batch.labels.copy_(torch::randint(10, {batch}, torch::kLong));
+  torch::manual_seed(lesson15::kSeed);
+  course::ANN model;
+  model->to(device);
+  lesson15::DeviceAdam adam(model->parameters(), lesson15::kLearningRate);
+  lesson15::GraphedStep graph(model, adam, batch, device);
+  graph.images.copy_(torch::rand({batch, 784}));
+  graph.labels.copy_(torch::randint(10, {batch}, torch::kLong));
   if (graphed) {
-    for (int i = 0; i <= lesson11::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
+    for (int i = 0; i <= lesson15::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
     bench::run_timed(state, device, [&] { graph.step(); });
   } else {
     bench::run_timed(state, device, [&] {
-      lesson11::device_adam_step(trainer.model, trainer.flat, adam, graph.batch.images,
-                                 graph.batch.labels);
+      lesson15::device_adam_step(model, adam, graph.images, graph.labels);
     });
   }
   state.SetLabel(graphed ? "graphed" : "eager");
@@ -121,38 +122,47 @@ void BM_EpochWorkersCpu(benchmark::State& state) {
   epoch(state, torch::kCPU, "pinned", state.range(1), static_cast<int>(state.range(0)));
 }
 
-// ---- one epoch of the flat form, and of the graphed form (CUDA), with the resident loader -------
-void flat_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
+// ---- one epoch of the flat form with the resident loader -----------------------------------------
+void flat_epoch(benchmark::State& state, const c10::Device& device) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
   const std::int64_t batch = state.range(0);
   lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
   lesson11::Loader loader("resident", *data, batch, device);
-  std::optional<lesson11::DeviceAdam> adam;
-  std::optional<lesson11::GraphedStep> graph;
-  if (graphed) {
-    adam.emplace(trainer.flat, lesson11::kLearningRate);
-    graph.emplace(trainer.model, trainer.flat, *adam, batch, device);
-  }
-  bench::run_timed(state, device, [&] {
-    graph ? lesson11::train_epoch_graphed(trainer.model, trainer.flat, *adam, *graph, loader,
-                                          device)
-          : lesson11::train_epoch_flat(trainer, loader, device);
-  });
-  state.SetLabel(graphed ? "graphed" : "flat");
+  bench::run_timed(state, device, [&] { lesson11::train_epoch_flat(trainer, loader, device); });
+  state.SetLabel("flat");
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =
       benchmark::Counter(kTrainFlopsPerSample * static_cast<double>(data->labels.size(0)),
                          benchmark::Counter::kIsIterationInvariantRate);
 }
-void BM_FlatEpochCpu(benchmark::State& state) { flat_epoch(state, torch::kCPU, false); }
+void BM_FlatEpochCpu(benchmark::State& state) { flat_epoch(state, torch::kCPU); }
 void BM_FlatEpochCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
-  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, false);
+  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device);
 }
+// ---- one epoch of lesson 15's graphed step: its batches on the device, copied into the graph's --
+// tensors and replayed (the full batches of 64 only: a graph has fixed shapes)
 void BM_GraphedEpochCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
-  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, true);
+  if (!bench::gpu_or_skip(state, device)) return;
+  const course::ImageSet* data = train_set(state);
+  if (data == nullptr) return;
+  const lesson15::Batches batches = lesson15::device_batches(*data, device, lesson15::kSeed);
+  torch::manual_seed(lesson15::kSeed);
+  course::ANN model;
+  model->to(device);
+  lesson15::DeviceAdam adam(model->parameters(), lesson15::kLearningRate);
+  lesson15::GraphedStep graph(model, adam, lesson15::kBatchSize, device);
+  bench::run_timed(state, device, [&] {
+    for (std::int64_t k = 0; k < batches.count(); ++k) {
+      graph.images.copy_(batches.images_of(k));
+      graph.labels.copy_(batches.labels_of(k));
+      graph.step();
+    }
+  });
+  state.SetLabel("graphed");
+  state.SetItemsProcessed(state.iterations() * batches.count() * lesson15::kBatchSize);
 }
 
 // ---- one epoch of lesson 05's loop: LibTorch's data loader (RandomSampler, Stack<>, workers) ---

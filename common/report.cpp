@@ -97,11 +97,13 @@ std::string print_timed_runs(const std::vector<TimedRun>& runs, const std::strin
       format("\n%-10s %-33s %11s %15s\n", "run", (time + ": median (fastest-slowest)").c_str(),
              rate.c_str(), figure.c_str());
   std::vector<Timing> timings;
+  const bool in_ms = time.rfind("ms/", 0) == 0;
   for (const TimedRun& run : runs) {
     timings.push_back(run.timing);
     const double per_second = run.timing.median_s > 0 ? run.items / run.timing.median_s : 0;
     text += format("%-10s %-32s %12.0f %12.4f\n", run.name.c_str(),
-                   describe(run.timing, "s").c_str(), per_second, run.figure);
+                   (in_ms ? describe_ms(run.timing) : describe(run.timing, "s")).c_str(),
+                   per_second, run.figure);
   }
   text += timing_note(timings);
   for (size_t i = 1; i < runs.size(); ++i) {

@@ -73,7 +73,8 @@ struct TimedRun {
 };
 
 /// Prints a header (run, `time` + ": median (fastest-slowest)", `rate`, `figure`), then a row per
-/// run: its name, describe(timing, "s"), items per second and the figure (4 decimals); the
+/// run: its name, describe(timing, "s") (describe_ms when `time` starts with "ms/"), items per
+/// second and the figure (4 decimals); the
 /// busy_note() when a timing looks_busy(); then each run's speed against the run before it
 /// ("b is 1.50x the speed of a on cpu", with `where` = "cpu"). Returns the rows as printed.
 std::string print_timed_runs(const std::vector<TimedRun>& runs, const std::string& time,

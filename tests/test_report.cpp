@@ -145,3 +145,15 @@ TEST(Report, TimedRuns) {
                        course::busy_note()));
   testing::internal::GetCapturedStdout();
 }
+
+// Tests that a table whose time is per millisecond ("ms/step") shows its timings in milliseconds,
+// and its rate still per second.
+TEST(Report, TimedRunsInMilliseconds) {
+  const course::Timing step{/*median_s=*/0.0005, 0.0004, 0.0006, 5};
+  testing::internal::CaptureStdout();
+  const std::string text =
+      course::print_timed_runs({{"step", step, 64, 0.5}}, "ms/step", "samples/s", "loss", "cpu");
+  testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(contains(text, "\nstep       0.500 ms (0.400-0.600, 5 runs)")) << text;
+  EXPECT_TRUE(contains(text, "128000       0.5000\n")) << text;  // 64 samples / 0.5 ms
+}
