@@ -101,6 +101,16 @@ TEST(Describe, CpuNamesThreads) {
   EXPECT_EQ(course::describe(c10::Device(c10::kCPU)).rfind("cpu (", 0), 0u);
 }
 
+// Tests that a device's name across processes is "cpu" on the CPU, and on a GPU its index and
+// UUID, which every process sees alike (what lesson 14's ranks compare).
+TEST(DeviceIdentity, CpuOrIndexAndUuid) {
+  EXPECT_EQ(course::device_identity(c10::Device(c10::kCPU)), "cpu");
+  if (course::cuda_device_count() > 0) {
+    const std::string gpu = course::device_identity(c10::Device(c10::kCUDA, 0));
+    EXPECT_EQ(gpu.rfind("cuda:0 GPU-", 0), 0u) << gpu;
+  }
+}
+
 // Tests byte formatting across units.
 // Tests that CpuThreads sets the thread count for its scope only, and that 0 leaves it alone.
 TEST(CpuThreads, SetsForAScopeAndRestores) {

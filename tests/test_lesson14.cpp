@@ -2,9 +2,10 @@
 // agreement before a group forms, the rendezvous' errors (no store, a port taken, a rank that never
 // arrives) each within its timeout, a collective that gives up on a rank that stopped taking part,
 // and the checks of the silent failures (the summed gradient against one process's, the ranks'
-// parameters against rank 0's, what the ranks learn against one process). Ranks are threads of
-// this process; the two-process jobs (a rank killed, never arriving, on GPUs) are CTest tests of
-// the binary itself (tests/cmake/job_ranks.sh), and the binary run plainly fails ranks itself.
+// parameters against rank 0's, what the ranks learn against one process), which leave lesson 09's
+// loop as it is. Ranks are threads of this process; the two-process jobs (a rank killed, never
+// arriving, on GPUs) are CTest tests of the binary itself (tests/cmake/job_ranks.sh), and the
+// binary run plainly fails ranks itself.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -63,7 +64,7 @@ TEST(Lesson14RankDevice, RanksMustAgree) {
   EXPECT_NE(devices_conflict({"cuda:0 GPU-aa", "cuda:1 GPU-bb", "cuda:0 GPU-aa"})
                 .find("ranks 0 and 2 share one GPU (GPU-aa)"),
             std::string::npos);
-  EXPECT_EQ(lesson14::device_identity(torch::kCPU), "cpu");
+  EXPECT_EQ(course::device_identity(torch::kCPU), "cpu");
 }
 
 // ---- the rendezvous ------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ TEST_F(GlooTest, SumAndRank0sValue) {
     lesson14::meet_the_others(*store, info, torch::kCPU, timeout);
     auto group = lesson14::make_group(store, rank, kWorld, torch::kCPU, timeout);
     torch::Tensor grads = torch::arange(1000, torch::kFloat) * static_cast<float>(rank + 1);
-    lesson14::collective(*group, grads, timeout);
+    lesson14::allreduce_sum(*group, grads, timeout);
     EXPECT_TRUE(torch::equal(grads, torch::arange(1000, torch::kFloat) * 6.0f)) << rank;
     torch::Tensor values = torch::full({5}, rank == 2 ? 1.0f + 1e-7f : 1.0f);
     same[rank] = lesson14::equals_rank0(*group, values.view(torch::kInt), timeout);
@@ -179,7 +180,7 @@ TEST_F(GlooTest, ACollectiveGivesUpOnARankThatStopped) {
     }
     torch::Tensor t = torch::ones({10});
     const auto start = std::chrono::steady_clock::now();
-    EXPECT_ANY_THROW(lesson14::collective(*group, t, std::chrono::seconds(2)));
+    EXPECT_ANY_THROW(lesson14::allreduce_sum(*group, t, std::chrono::seconds(2)));
     waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     done = true;
   });
@@ -211,7 +212,7 @@ TEST_F(Lesson14Training, SummedGradientIsTheGlobalBatchsGradient) {
   std::vector<lesson14::RankRun> runs(kWorld);
   on_ranks(kWorld, [&](int rank) {
     auto group = lesson14::make_group(store, rank, kWorld, torch::kCPU, timeout);
-    runs[rank] = lesson14::train_checked(group.get(), rank, kWorld, data, 1, kBatch, torch::kCPU,
+    runs[rank] = lesson14::train_checked(*group, rank, kWorld, data, 1, kBatch, torch::kCPU,
                                          lesson14::kSeed, timeout);
   });
   EXPECT_TRUE(torch::equal(lesson14::parameters(runs[0].model), lesson14::parameters(runs[1].model)));
@@ -222,6 +223,26 @@ TEST_F(Lesson14Training, SummedGradientIsTheGlobalBatchsGradient) {
       EXPECT_LE(d, course::tolerance_for(torch::kFloat)) << "rank " << rank;
     }
   }
+}
+
+// Tests that the checks leave lesson 09's loop as it is: a rank that trains with them
+// (train_checked) and without them (lesson 09's train_data_parallel) ends with the same parameters,
+// bit for bit, and the same loss. One rank, a group of one: ranks that are threads of one process
+// draw their first weights from one generator, in an order that differs from run to run.
+TEST_F(Lesson14Training, ChecksLeaveLesson09sLoopAsItIs) {
+  const course::ImageSet data{train().images.slice(0, 0, 2000), train().labels.slice(0, 0, 2000)};
+  const std::chrono::milliseconds timeout(60000);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = lesson14::make_group(store, 0, 1, torch::kCPU, timeout);
+  lesson14::RankRun checked =
+      lesson14::train_checked(*group, 0, 1, data, 2, 64, torch::kCPU, lesson14::kSeed, timeout);
+  std::vector<double> losses;
+  lesson14::ANN plain = lesson14::train_data_parallel(*group, 0, 1, data, 2, 64, torch::kCPU,
+                                                      lesson14::kSeed, timeout, &losses);
+  EXPECT_TRUE(torch::equal(lesson14::parameters(checked.model), lesson14::parameters(plain)));
+  EXPECT_EQ(checked.losses, losses);
+  EXPECT_EQ(checked.gradient_diffs.size(), static_cast<size_t>(lesson14::kCheckedSteps));
+  course::shutdown_group(*group);
 }
 
 // Tests that the gradient check tells a wrong sum from a right one: the gradient of half of a
@@ -257,10 +278,11 @@ TEST(Lesson14Nccl, JobOfOneOnTheGpu) {
   lesson14::meet_the_others(*store, course::RankInfo{}, gpu, std::chrono::seconds(10));
   auto group = lesson14::make_group(store, 0, 1, gpu, timeout);
   torch::Tensor grads = torch::arange(1000, torch::TensorOptions().device(gpu));
-  lesson14::collective(*group, grads, timeout);
+  lesson14::allreduce_sum(*group, grads, timeout);
   EXPECT_TRUE(torch::equal(grads.cpu(), torch::arange(1000, torch::kFloat)));
   torch::Tensor values = torch::full({10}, 3.0f, torch::TensorOptions().device(gpu));
-  lesson14::collective(*group, values, timeout, /*from_rank0=*/true);
+  std::vector<torch::Tensor> from_rank0{values};
+  lesson14::wait_within(*group, *group->broadcast(from_rank0), gpu, timeout);
   EXPECT_EQ(values.sum().item<float>(), 30.0f);
   EXPECT_TRUE(lesson14::equals_rank0(*group, values.view(torch::kInt), timeout));
   course::shutdown_group(*group);
@@ -278,7 +300,7 @@ TEST(Lesson14Nccl, TwoRanksOnTwoGpusAnswer) {
     const torch::Device gpu(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
     auto group = lesson14::make_group(store, rank, 2, gpu, std::chrono::seconds(60));
     torch::Tensor answered = torch::ones({1}, torch::TensorOptions().device(gpu));
-    lesson14::collective(*group, answered, std::chrono::seconds(60));
+    lesson14::allreduce_sum(*group, answered, std::chrono::seconds(60));
     EXPECT_EQ(answered.item<float>(), 2.0f) << rank;
     course::shutdown_group(*group);
   });

@@ -1,14 +1,14 @@
 // Lesson 14 (going further) — distributed failures: lesson 09's job when a rank dies, stops, never
-// arrives or cannot reach the others, and the failures that raise no error. Measured against 09:
+// arrives or cannot reach the others, and the failures that raise no error. The file starts with
+// lesson 09's loop as lesson 09 writes it; each section after it adds one thing to it:
 //   - every rank of a host takes its device by one rule, then the ranks agree before they form a
 //     group: never a job split between NCCL and Gloo, nor two ranks on one GPU;
 //   - the rendezvous waits once, at most --timeout, and says how many ranks arrived; an address
 //     nobody serves and a port already taken are errors that say so;
 //   - NCCL's wait() returns at once, and a dead peer leaves its kernel waiting until NCCL's
-//     watchdog aborts the process (SIGABRT). Here the host waits for each collective with a
-//     deadline, aborts the group, and ends with its own error;
-//   - silent failures: the summed gradient against one process's, every rank's parameters
-//     against rank 0's after every step, what the ranks learn against one process's run;
+//     watchdog aborts the process: here the host waits with a deadline, then aborts the group;
+//   - silent failures, checked at each step of lesson 09's loop: the summed gradient against one
+//     process's, every rank's parameters against rank 0's; what they learn against one process's;
 //   - run plainly, it starts jobs of two ranks (of itself, of lesson 09) and fails one in each way.
 // Run:    build/bin/lesson14_distributed_failures [--device ...] [--quick]  (the failures, timed)
 //         torchrun --no-python --nproc-per-node 2 build/bin/lesson14_distributed_failures  (a job)
@@ -18,6 +18,7 @@
 #include <signal.h>       // defines: SIGKILL, SIGSTOP
 #include <torch/torch.h>  // defines: torch::nn, torch::optim
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>    // defines: c10d::HashStore (a group of one)
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // defines: c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>     // defines: c10d::TCPStore (the rendezvous)
 #ifdef GPU_LESSONS_WITH_GLOO
@@ -31,8 +32,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
-#include <memory>
 #include <thread>
 
 #include "common/ann.h"            // defines: ANN, test_accuracy
@@ -41,14 +42,15 @@
 #include "common/cli.h"            // defines: Cli, start_lesson, available_cores
 #include "common/compare.h"        // defines: relative_diff, tolerance_for, checksum
 #include "common/data.h"           // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
-#include "common/device.h"         // defines: cuda_device_count, list_gpus
+#include "common/device.h"         // defines: cuda_device_count, device_identity
 #include "common/launch.h"         // defines: RankInfo, rank_from_environment, exit_lost_job
 #include "common/sampler.h"        // defines: epoch_order, shard_indices (lesson 09's shards)
+#include "common/timing.h"         // defines: Stopwatch (lesson 09's epoch time)
 #include "common/verdict.h"        // defines: Verdict, CourseError, UsageError, report_error
 
 namespace lesson14 {
 
-// ---- knobs -----------------------------------------------------------------------------------
+// ---- knobs --------------------------------------------------------------------------------------
 constexpr std::uint64_t kSeed = 14;
 constexpr int kEpochs = 5;  // lesson 09's job: its epochs, batch and Adam
 constexpr std::int64_t kBatchPerRank = 64;
@@ -62,17 +64,100 @@ constexpr double kAccuracyMargin = 0.01;  // test accuracy, absolute
 constexpr int kFailTimeoutSeconds = 5;    // run plainly: the jobs' --timeout
 constexpr int kFailEpochs = 50;           // a rank to be killed or stopped is still training then
 constexpr int kSlackSeconds = 15;         // start-up (LibTorch, the data) on a busy machine
-// Run plainly with --quick (the smoke test), the jobs' --timeout: short, as several of its cases
-// wait a whole --timeout; yet enough, as a job's two ranks start together and wait for each other
-// only as long as their start-ups differ.
+// Run plainly with --quick (the smoke test), the jobs' --timeout: short, as several cases wait a
+// whole --timeout; yet enough, as a job's ranks wait for each other only as their start-ups differ.
 constexpr int kQuickFailTimeoutSeconds = 3;
 
-// ---- lesson 09's job --------------------------------------------------------------------------
+// ---- lesson 09's job, as lesson 09 writes it ----------------------------------------------------
 // Lesson 09's ANN, the tutorial's (common/ann.h): its layers made in the same order, so the same
 // seed gives the same weights. Lesson 09's shards: course::epoch_order and course::shard_indices.
 using course::ANN;
+// Lesson 09's work->wait(timeout) returns at once on NCCL: here every collective waits through
+// wait_within() instead, with a deadline on NCCL too (in its section, below).
+void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device& device,
+                 std::chrono::milliseconds timeout);
 
-// ---- which device each rank takes --------------------------------------------------------------
+//! [lesson09-collectives]
+// DistributedDataParallel(model) starts every rank from rank 0's parameters: a broadcast.
+void broadcast_parameters(course::CommGroup& group, ANN& model, std::chrono::milliseconds timeout) {
+  torch::NoGradGuard no_grad;  // the backend writes into the parameters themselves
+  for (auto& p : model->parameters()) {
+    std::vector<torch::Tensor> tensors{p};
+    wait_within(group, *group.broadcast(tensors), p.device(), timeout);  // from rank 0
+  }
+}
+// Every rank's `tensor` summed, in place, on every rank.
+void allreduce_sum(course::CommGroup& group, torch::Tensor& tensor,
+                   std::chrono::milliseconds timeout) {
+  std::vector<torch::Tensor> tensors{tensor};
+  wait_within(group, *group.allreduce(tensors), tensor.device(), timeout);  // ReduceOp::SUM
+}
+// What DDP does after backward(): the gradients into a flat bucket (DDP's have a set size; this
+// model's gradients fit one), one all-reduce, and each gradient copied back from the sum.
+void allreduce_gradients(course::CommGroup& group, ANN& model, std::chrono::milliseconds timeout) {
+  std::vector<torch::Tensor> params = model->parameters(), grads;
+  for (const auto& p : params)  // a rank with no samples this step adds zeros
+    grads.push_back(p.grad().defined() ? p.grad().view(-1) : torch::zeros_like(p).view(-1));
+  torch::Tensor bucket = torch::cat(grads);
+  allreduce_sum(group, bucket, timeout);
+  for (std::int64_t i = 0, offset = 0; i < static_cast<std::int64_t>(params.size()); ++i) {
+    params[i].mutable_grad() =
+        bucket.slice(0, offset, offset + params[i].numel()).view_as(params[i]).clone();
+    offset += params[i].numel();
+  }
+}
+//! [lesson09-collectives]
+//! [lesson09-loop]
+// Lesson 05's loop as rank `rank` of `world_size` (a group of one: one process). Added: `losses`,
+// and `check`, given the step's samples (all ranks') once the gradients are summed, before Adam.
+using StepCheck = std::function<void(ANN& model, const torch::Tensor& global)>;
+ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
+                        const course::ImageSet& train, int epochs, std::int64_t batch_per_rank,
+                        const torch::Device& device, std::uint64_t seed,
+                        std::chrono::milliseconds timeout, std::vector<double>* losses = nullptr,
+                        const StepCheck& check = nullptr) {
+  torch::manual_seed(seed);  // the same weights on every rank (the broadcast makes sure)
+  ANN model;
+  model->to(device);                            // model = SimpleNN().to(device), lesson 05's ANN
+  broadcast_parameters(group, model, timeout);  // model = DistributedDataParallel(model)
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  const std::int64_t samples = train.images.size(0), global_batch = world_size * batch_per_rank;
+  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    model->train();
+    course::Stopwatch watch(device);
+    const torch::Tensor order = course::epoch_order(samples, seed, epoch);  // DistributedSampler
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
+    for (std::int64_t step = 0; step * global_batch < samples; ++step) {
+      const auto idx = course::shard_indices(order, step, rank, world_size, batch_per_rank);
+      const double in_step = std::min<double>(global_batch, samples - step * global_batch);
+      optimizer.zero_grad();
+      if (idx.numel() > 0) {
+        torch::Tensor features = train.images.index_select(0, idx).to(device);
+        torch::Tensor labels = train.labels.index_select(0, idx).to(device);
+        // This rank's share of the global batch's mean loss: the ranks' gradients sum to the
+        // gradient of that mean (DDP divides the sum by the world size: the same for full batches).
+        torch::Tensor loss =
+            torch::nn::functional::cross_entropy(model->forward(features), labels, sum) / in_step;
+        loss.backward();
+        loss_sum += loss.detach() * in_step;
+      }
+      allreduce_gradients(group, model, timeout);  // waits for every rank
+      if (check) check(model, order.slice(0, step * global_batch, (step + 1) * global_batch));
+      optimizer.step();  // the same gradients and the same state: the same step on every rank
+    }
+    allreduce_sum(group, loss_sum, timeout);  // every rank's samples
+    const double seconds = watch.seconds(), loss = loss_sum.item<double>() / samples;
+    std::printf("  rank %d/%d epoch %d/%d  loss %.4f  %6.3f s  %9.0f samples/s (all ranks)\n", rank,
+                world_size, epoch + 1, epochs, loss, seconds, samples / seconds);
+    std::fflush(stdout);
+    if (losses) losses->push_back(loss);
+  }
+  return model;
+}
+//! [lesson09-loop]
+
+// ---- which device each rank takes, and the ranks' agreement -------------------------------------
 struct RankDevice {
   std::string device;  // "cpu", "cuda:N", or the request as given when no GPU is visible
   std::string reason;  // why the ranks train on the CPU although GPUs are visible; else empty
@@ -103,15 +188,6 @@ RankDevice rank_device(const std::string& requested, int gpus, const course::Ran
 }
 //! [rank-device]
 
-// What names a rank's device across processes: "cpu", or "cuda:N GPU-<uuid>".
-std::string device_identity(const torch::Device& device) {
-  if (!device.is_cuda()) return "cpu";
-  for (const auto& gpu : course::list_gpus()) {
-    if (gpu.index == device.index()) return device.str() + " " + gpu.uuid;
-  }
-  return device.str();
-}
-
 // Why ranks on these devices (identities in rank order) cannot form one group: a mix of CPU and
 // GPU ranks, or two ranks on one GPU. Empty when they can.
 std::string devices_conflict(const std::vector<std::string>& identities) {
@@ -134,7 +210,7 @@ std::string devices_conflict(const std::vector<std::string>& identities) {
   return "";
 }
 
-// ---- the rendezvous --------------------------------------------------------------------------
+// ---- the rendezvous, with its deadline ----------------------------------------------------------
 //! [connect-store]
 // Lesson 09's store, whose failures are told apart: a port already taken on rank 0, or an address
 // nobody serves (a client waits at most `timeout` for rank 0's store to exist).
@@ -172,7 +248,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const course::RankInfo& info,
 // devices cannot form one group, before any group is formed.
 void meet_the_others(c10d::Store& store, const course::RankInfo& info, const torch::Device& device,
                      std::chrono::milliseconds timeout) {
-  const std::string mine = device_identity(device);
+  const std::string mine = course::device_identity(device);  // "cpu", or "cuda:N GPU-<uuid>"
   store.set("device/" + std::to_string(info.rank),
             std::vector<std::uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> keys;
@@ -204,6 +280,9 @@ void meet_the_others(c10d::Store& store, const course::RankInfo& info, const tor
 }
 //! [meet-the-others]
 
+// ---- collectives with a deadline, on NCCL too ---------------------------------------------------
+// The NCCL path has not yet run on a GPU: it compiles and links (LibTorch 2.11 with CUDA), and its
+// tests skip without CUDA. Only the Gloo path, on the CPU, has run.
 // Lesson 09's group, with NCCL's watchdog set to twice `timeout`: a last resort behind
 // wait_within(), which gives up first and says so.
 c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
@@ -228,9 +307,6 @@ c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::
                             "Gloo needs libgloo-dev at build time, NCCL a CUDA LibTorch");
 }
 
-// ---- collectives with a deadline, on NCCL too ------------------------------------------------
-// The NCCL path has not yet run on a GPU: it compiles and links (LibTorch 2.11 with CUDA), and its
-// tests skip without CUDA. Only the Gloo path, on the CPU, has run.
 //! [wait-within]
 // Waits until `work`, a collective on `device`'s tensors, is done: at most `timeout`, then the
 // group is aborted and std::runtime_error says so. A collective that failed (a peer's connection
@@ -257,108 +333,46 @@ void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device
 }
 //! [wait-within]
 
-// Every rank's `tensor` summed, in place, on every rank; or rank 0's, with `from_rank0`.
-void collective(course::CommGroup& group, torch::Tensor& tensor, std::chrono::milliseconds timeout,
-                bool from_rank0 = false) {
-  std::vector<torch::Tensor> tensors{tensor};
-  wait_within(group, from_rank0 ? *group.broadcast(tensors) : *group.allreduce(tensors),
-              tensor.device(), timeout);
-}
-
-// Whether `value` (an integer tensor) is rank 0's: each rank compares its own with rank 0's.
-bool equals_rank0(course::CommGroup& group, const torch::Tensor& value,
-                  std::chrono::milliseconds timeout) {
-  torch::Tensor rank0 = value.clone();
-  collective(group, rank0, timeout, /*from_rank0=*/true);
-  return torch::equal(value.cpu(), rank0.cpu());
-}
-
-// ---- the job, and the checks that catch a silent failure ---------------------------------------
+// ---- silent failures: lesson 09's loop, checked at each step ------------------------------------
 // One process's gradient over `indices` (a global step's samples, every rank's) from the model's
-// parameters, as the ranks' losses add up to it; the model's own gradients are left as they were.
+// parameters, as the ranks' losses add up to it; the model's own gradients are left as they are.
 torch::Tensor gradient_of_global_batch(ANN& model, const course::ImageSet& train,
                                        const torch::Tensor& indices, const torch::Device& device) {
-  std::vector<torch::Tensor> params = model->parameters(), kept, grads;
-  for (auto& p : params) kept.push_back(std::exchange(p.mutable_grad(), torch::Tensor()));
   const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
   const torch::Tensor x = train.images.index_select(0, indices).to(device);
   const torch::Tensor y = train.labels.index_select(0, indices).to(device);
-  (torch::nn::functional::cross_entropy(model->forward(x), y, sum) / static_cast<double>(x.size(0)))
-      .backward();
-  for (size_t i = 0; i < params.size(); ++i) {
-    grads.push_back(params[i].grad().view(-1));
-    params[i].mutable_grad() = kept[i];
-  }
-  return torch::cat(grads);
+  const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y, sum) /
+                             static_cast<double>(x.size(0));
+  return torch::nn::utils::parameters_to_vector(torch::autograd::grad({loss}, model->parameters()));
 }
 
 struct RankRun {
   ANN model{nullptr};
   std::vector<double> losses;          // each epoch's mean loss over every rank's samples
   std::vector<double> gradient_diffs;  // the first kCheckedSteps steps: summed vs one process's
-  torch::Tensor trail;  // the parameters' bits after every step, summed: equal on equal ranks
+  torch::Tensor trail;  // the parameters' bits at every step, summed: equal on equal ranks
 };
 
 //! [train-checked]
-// Lesson 09's loop as rank `rank` of `world_size`, every collective within `timeout`, with the
-// checks of a silent failure: the summed gradient against one process's, the parameters' trail.
-// With no group (nullptr), one process with batch world_size x batch_per_rank: the reference.
-RankRun train_checked(course::CommGroup* group, int rank, int world_size,
+// Lesson 09's loop as it is, with this lesson's checks at each step.
+RankRun train_checked(course::CommGroup& group, int rank, int world_size,
                       const course::ImageSet& train, int epochs, std::int64_t batch_per_rank,
                       const torch::Device& device, std::uint64_t seed,
                       std::chrono::milliseconds timeout) {
-  torch::manual_seed(seed);
-  RankRun run{ANN(), {}, {}, torch::zeros({}, torch::dtype(torch::kLong).device(device))};
-  ANN& model = run.model;
-  model->to(device);
-  for (auto& p : model->parameters()) {  // rank 0's parameters to every rank
-    torch::NoGradGuard no_grad;
-    if (group != nullptr) collective(*group, p, timeout, /*from_rank0=*/true);
-  }
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  const std::int64_t samples = train.images.size(0), global_batch = world_size * batch_per_rank;
-  const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    const torch::Tensor order = course::epoch_order(samples, seed, epoch);
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().device(device));
-    for (std::int64_t step = 0; step * global_batch < samples; ++step) {
-      const auto idx = course::shard_indices(order, step, rank, world_size, batch_per_rank);
-      const std::int64_t in_step = std::min(global_batch, samples - step * global_batch);
-      optimizer.zero_grad();
-      if (idx.numel() > 0) {
-        torch::Tensor loss = torch::nn::functional::cross_entropy(
-                                 model->forward(train.images.index_select(0, idx).to(device)),
-                                 train.labels.index_select(0, idx).to(device), sum) /
-                             static_cast<double>(in_step);
-        loss.backward();
-        loss_sum += loss.detach() * static_cast<double>(in_step);
-      }
-      std::vector<torch::Tensor> params = model->parameters(), grads;
-      for (const auto& p : params) {
-        grads.push_back(p.grad().defined() ? p.grad().view(-1) : torch::zeros_like(p).view(-1));
-      }
-      torch::Tensor bucket = torch::cat(grads);
-      if (group != nullptr) collective(*group, bucket, timeout);  // lesson 09's, with a deadline
-      for (std::int64_t i = 0, offset = 0; i < static_cast<std::int64_t>(params.size()); ++i) {
-        params[i].mutable_grad() =
-            bucket.slice(0, offset, offset + params[i].numel()).view_as(params[i]).clone();
-        offset += params[i].numel();
-      }
-      if (group != nullptr && epoch == 0 && step < kCheckedSteps) {  // silent failure 1
-        const torch::Tensor global =
-            order.slice(0, step * global_batch, step * global_batch + in_step);
-        run.gradient_diffs.push_back(
-            course::relative_diff(bucket, gradient_of_global_batch(model, train, global, device)));
-      }
-      optimizer.step();
-      // Silent failure 2, ranks that drift apart: the parameters' bits added up, on the device.
-      for (const auto& p : params) run.trail += p.detach().view(torch::kInt).sum(torch::kLong);
+  RankRun run{nullptr, {}, {}, torch::zeros({}, torch::dtype(torch::kLong).device(device))};
+  const StepCheck check = [&](ANN& model, const torch::Tensor& global) {
+    if (run.gradient_diffs.size() < kCheckedSteps) {  // silent failure 1: a gradient not summed
+      const torch::Tensor summed =
+          torch::nn::utils::parameters_to_vector(course::gradients(model->parameters()));
+      run.gradient_diffs.push_back(
+          course::relative_diff(summed, gradient_of_global_batch(model, train, global, device)));
     }
-    if (group != nullptr) collective(*group, loss_sum, timeout);  // every rank's samples
-    run.losses.push_back(loss_sum.item<double>() / static_cast<double>(samples));
-    std::printf("  rank %d/%d epoch %d/%d done\n", rank, world_size, epoch + 1, epochs);
-    std::fflush(stdout);
-  }
+    // Silent failure 2, ranks apart: the bits of the parameters the gradients came from (no sync).
+    for (const auto& p : model->parameters())
+      run.trail += p.detach().view(torch::kInt).sum(torch::kLong);
+  };
+  run.model = train_data_parallel(group, rank, world_size, train, epochs, batch_per_rank, device,
+                                  seed, timeout, &run.losses, check);
   return run;
 }
 //! [train-checked]
@@ -366,8 +380,15 @@ RankRun train_checked(course::CommGroup* group, int rank, int world_size,
 torch::Tensor parameters(ANN& model) {  // all of them, in one vector
   return torch::nn::utils::parameters_to_vector(model->parameters()).detach();
 }
+// Whether `value` (an integer tensor) is rank 0's: each rank compares its own with rank 0's.
+bool equals_rank0(course::CommGroup& group, const torch::Tensor& value,
+                  std::chrono::milliseconds timeout) {
+  std::vector<torch::Tensor> rank0{value.clone()};
+  wait_within(group, *group.broadcast(rank0), value.device(), timeout);  // rank 0's, to every rank
+  return torch::equal(value.cpu(), rank0[0].cpu());
+}
 
-// ---- as a rank -----------------------------------------------------------------------------
+// ---- a rank of the job: lesson 09's part 2, with each check above -------------------------------
 void rank_job(const course::RankInfo& info, const torch::Device& device,
               const course::ImageSet& train, const course::ImageSet& test, int epochs,
               std::int64_t batch, std::uint64_t seed, std::chrono::milliseconds timeout,
@@ -383,10 +404,10 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
   try {
     // NCCL connects at its first collective: only an answer from every rank says the group works.
     torch::Tensor answered = torch::ones({1}, torch::TensorOptions().device(device));
-    collective(*group, answered, timeout);
+    allreduce_sum(*group, answered, timeout);
     std::printf("%s group of %d connected (%d rank(s) answered a first all-reduce)\n",
                 device.is_cuda() ? "nccl" : "gloo", info.world_size, answered.item<int>());
-    run = train_checked(group.get(), info.rank, info.world_size, train, epochs, batch, device, seed,
+    run = train_checked(*group, info.rank, info.world_size, train, epochs, batch, device, seed,
                         timeout);
     same_trail = equals_rank0(*group, run.trail, timeout);
     same_parameters = equals_rank0(*group, parameters(run.model).view(torch::kInt), timeout);
@@ -403,29 +424,32 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
       static_cast<unsigned long long>(course::checksum(parameters(run.model))));
   verdict.check(!run.gradient_diffs.empty() && worst <= course::tolerance_for(torch::kFloat),
                 "the ranks' summed gradient is one process's over the global batch");
-  verdict.check(same_trail, "this rank held rank 0's parameters after every step");
+  verdict.check(same_trail, "this rank held rank 0's parameters at every step");
   verdict.check(same_parameters, "and holds them at the end, bit for bit");
-  // Silent failure 3, a job that learns something else: against one process with batch W x B.
-  RankRun one =
-      train_checked(nullptr, 0, 1, train, epochs, batch * info.world_size, device, seed, timeout);
+  // Silent failure 3, a job that learns something else: against lesson 09's loop as one process
+  // (a group of one) with the global batch, W x B.
+  std::vector<double> one_losses;
+  auto alone = make_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, device, timeout);
+  ANN one = train_data_parallel(*alone, 0, 1, train, epochs, batch * info.world_size, device, seed,
+                                timeout, &one_losses);
+  course::shutdown_group(*alone);
   const double accuracy = course::test_accuracy(run.model, test, device);
-  const double one_accuracy = course::test_accuracy(one.model, test, device);
-  const double apart = course::relative_diff(parameters(run.model), parameters(one.model));
+  const double one_accuracy = course::test_accuracy(one, test, device);
+  const double apart = course::relative_diff(parameters(run.model), parameters(one));
   std::printf(
       "one process: parameters %.2e apart (relative), final loss %.4f vs %.4f, test "
       "accuracy %.4f vs %.4f\n",
-      apart, run.losses.back(), one.losses.back(), accuracy, one_accuracy);
+      apart, run.losses.back(), one_losses.back(), accuracy, one_accuracy);
   verdict.check(
-      std::abs(run.losses.back() - one.losses.back()) <= kLossMargin * one.losses.back() &&
+      std::abs(run.losses.back() - one_losses.back()) <= kLossMargin * one_losses.back() &&
           std::abs(accuracy - one_accuracy) <= kAccuracyMargin,
       "the ranks learn what one process learns: loss and accuracy");
 }
 
-// ---- run plainly: jobs of two ranks, one of them failed -------------------------------------
-// One way to fail a job of two ranks, and how this lesson's other rank must end. `waits` sets the
-// time window it must end in, counted from the signal (from the start, with none): not before
-// 0.9 x waits x --timeout (a stopped rank is noticed only when a collective's --timeout runs out)
-// and, for a failure, not after max(1, waits) x --timeout + kSlackSeconds (one wait, no hang).
+// ---- run plainly: jobs of two ranks, one of them failed -----------------------------------------
+//! [failures]
+// One way to fail a job of two ranks, and how this lesson's other rank must end: counted from the
+// signal (or start), after 0.9 x waits x --timeout; a failure by max(1, waits) x --timeout + slack.
 struct Failure {
   const char* what;        // the case, as printed
   std::vector<int> ranks;  // the ranks started: a rank left out never arrives
@@ -437,22 +461,16 @@ struct Failure {
   const char* env;         // "NAME=value" for every rank ("": none)
 };
 const std::vector<Failure> kFailures{
-    {/*what=*/"both ranks train: a healthy job", /*ranks=*/{0, 1}, /*signal=*/0, /*code=*/0,
-     /*gpus=*/0, /*waits=*/0, /*says=*/"parameter checksum", /*env=*/""},
-    {/*what=*/"rank 1 killed (SIGKILL) after an epoch", /*ranks=*/{0, 1}, /*signal=*/SIGKILL,
-     /*code=*/1, /*gpus=*/0, /*waits=*/0, /*says=*/"lost the job", /*env=*/""},
-    {/*what=*/"rank 1 stopped (SIGSTOP) after an epoch", /*ranks=*/{0, 1}, /*signal=*/SIGSTOP,
-     /*code=*/1, /*gpus=*/0, /*waits=*/1, /*says=*/"lost the job", /*env=*/""},
-    {/*what=*/"rank 1 never starts", /*ranks=*/{0}, /*signal=*/0, /*code=*/2, /*gpus=*/0,
-     /*waits=*/1, /*says=*/"1 of 2 arrived", /*env=*/""},
-    {/*what=*/"rank 0 never starts: no store", /*ranks=*/{1}, /*signal=*/0, /*code=*/2,
-     /*gpus=*/0, /*waits=*/1, /*says=*/"cannot reach the rendezvous", /*env=*/""},
-    {/*what=*/"the rendezvous' port is taken", /*ranks=*/{0}, /*signal=*/0, /*code=*/2,
-     /*gpus=*/0, /*waits=*/0, /*says=*/"is in use", /*env=*/""},
-    {/*what=*/"NCCL: rank 1 killed after an epoch", /*ranks=*/{0, 1}, /*signal=*/SIGKILL,
-     /*code=*/1, /*gpus=*/2, /*waits=*/0, /*says=*/"lost the job", /*env=*/""},
-    {/*what=*/"NCCL: two ranks on GPU 0", /*ranks=*/{0, 1}, /*signal=*/0, /*code=*/2, /*gpus=*/1,
-     /*waits=*/0, /*says=*/"share one GPU", /*env=*/"CUDA_VISIBLE_DEVICES=0"}};
+    // what, ranks, signal, code, gpus, waits, says, env
+    {"both ranks train: a healthy job", {0, 1}, 0, 0, 0, 0, "parameter checksum", ""},
+    {"rank 1 killed (SIGKILL) after an epoch", {0, 1}, SIGKILL, 1, 0, 0, "lost the job", ""},
+    {"rank 1 stopped (SIGSTOP) after an epoch", {0, 1}, SIGSTOP, 1, 0, 1, "lost the job", ""},
+    {"rank 1 never starts", {0}, 0, 2, 0, 1, "1 of 2 arrived", ""},
+    {"rank 0 never starts: no store", {1}, 0, 2, 0, 1, "cannot reach the rendezvous", ""},
+    {"the rendezvous' port is taken", {0}, 0, 2, 0, 0, "is in use", ""},
+    {"NCCL: rank 1 killed after an epoch", {0, 1}, SIGKILL, 1, 2, 0, "lost the job", ""},
+    {"NCCL: two ranks on GPU 0", {0, 1}, 0, 2, 1, 0, "share one GPU", "CUDA_VISIBLE_DEVICES=0"}};
+//! [failures]
 
 // `program` as a job of two ranks on this host, failed as `failure` says: how the other ranks end,
 // and the first line of the first of them that says what happened.
@@ -472,14 +490,10 @@ std::pair<course::JobEnding, std::string> run_job(const std::string& program,
   job.signal = failure.signal;
   job.after = "epoch 1/";
   job.deadline = std::chrono::seconds(2 * timeout_s + 4 * kSlackSeconds);  // then: hung
-  std::unique_ptr<c10d::TCPStore> taken;  // a store on the port first: it is not free any more
-  if (std::string(failure.says) == "is in use") {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<std::uint16_t>(job.port);
-    options.isServer = true;
-    options.waitWorkers = false;
-    taken = std::make_unique<c10d::TCPStore>("127.0.0.1", options);
-  }
+  course::RankInfo r0;  // a rank 0's store on the port first: it is no longer free
+  r0.master_port = job.port;
+  c10::intrusive_ptr<c10d::Store> taken;
+  if (std::string(failure.says) == "is in use") taken = connect_store(r0, std::chrono::seconds(5));
   const course::JobEnding ending = course::run_local_job(job);
   for (const std::string& line : ending.outputs.at(0)) {
     if (line.rfind("error:", 0) == 0 || line.rfind("parameter checksum", 0) == 0)
@@ -532,7 +546,7 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
 
 }  // namespace lesson14
 
-// ---- main ------------------------------------------------------------------------------------
+// ---- main ---------------------------------------------------------------------------------------
 #ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson14.cpp includes this file for its functions
 int main(int argc, char** argv) try {
   using namespace lesson14;
