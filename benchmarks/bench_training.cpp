@@ -1,10 +1,10 @@
 // bench_training: lesson 05's epoch (the tutorial's loop on LibTorch's data loader, 0 and 2
 // workers) beside each of lesson 11's faster forms, in samples per second: an epoch of the
 // tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
-// loader also with 0, 1 and 2 worker threads), an epoch of the flat form, and (GPU) an epoch of
-// lesson 15's step captured in a CUDA graph, at batch 64; the training step alone (the tutorial's
-// against the flat one) on the CPU and the GPU; on the GPU also lesson 15's step eager against
-// captured in a CUDA graph (batch 64 and 1024).
+// loader also with 0, 1 and 2 worker threads), an epoch of the flat and of the manual form, and
+// (GPU) an epoch of lesson 15's step captured in a CUDA graph, at batch 64; the training step
+// alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 15's
+// step eager against captured in a CUDA graph (batch 64 and 1024).
 // GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
@@ -89,15 +89,15 @@ void BM_DeviceAdamStepCuda(benchmark::State& state) {
     for (int i = 0; i <= lesson15::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
     bench::run_timed(state, device, [&] { graph.step(); });
   } else {
-    bench::run_timed(state, device, [&] {
-      lesson15::device_adam_step(model, adam, graph.images, graph.labels);
-    });
+    bench::run_timed(state, device,
+                     [&] { lesson15::device_adam_step(model, adam, graph.images, graph.labels); });
   }
   state.SetLabel(graphed ? "graphed" : "eager");
   state.SetItemsProcessed(state.iterations() * batch);
 }
 
-// ---- one epoch of Fashion-MNIST: the tutorial's step, fed by either loader -------------------------
+// ---- one epoch of Fashion-MNIST: the tutorial's step, fed by either loader
+// -------------------------
 void epoch(benchmark::State& state, const c10::Device& device, const std::string& loader_name,
            std::int64_t batch, int workers) {
   const course::ImageSet* data = train_set(state);
@@ -122,25 +122,36 @@ void BM_EpochWorkersCpu(benchmark::State& state) {
   epoch(state, torch::kCPU, "pinned", state.range(1), static_cast<int>(state.range(0)));
 }
 
-// ---- one epoch of the flat form with the resident loader -----------------------------------------
-void flat_epoch(benchmark::State& state, const c10::Device& device) {
+// ---- one epoch of the flat form, or of the manual one, with the resident loader
+// ------------------
+void flat_epoch(benchmark::State& state, const c10::Device& device, bool manual) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
   const std::int64_t batch = state.range(0);
   lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
   lesson11::Loader loader("resident", *data, batch, device);
-  bench::run_timed(state, device, [&] { lesson11::train_epoch_flat(trainer, loader, device); });
-  state.SetLabel("flat");
+  const auto step = [&](const lesson11::Batch& b) { return lesson11::manual_step(trainer, b); };
+  bench::run_timed(state, device, [&] {
+    manual ? lesson11::train_epoch_flat(trainer, loader, device, step)
+           : lesson11::train_epoch_flat(trainer, loader, device);
+  });
+  state.SetLabel(manual ? "manual" : "flat");
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =
       benchmark::Counter(kTrainFlopsPerSample * static_cast<double>(data->labels.size(0)),
                          benchmark::Counter::kIsIterationInvariantRate);
 }
-void BM_FlatEpochCpu(benchmark::State& state) { flat_epoch(state, torch::kCPU); }
+void BM_FlatEpochCpu(benchmark::State& state) { flat_epoch(state, torch::kCPU, false); }
 void BM_FlatEpochCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
-  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device);
+  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, false);
 }
+void BM_ManualEpochCpu(benchmark::State& state) { flat_epoch(state, torch::kCPU, true); }
+void BM_ManualEpochCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, true);
+}
+
 // ---- one epoch of lesson 15's graphed step: its batches on the device, copied into the graph's --
 // tensors and replayed (the full batches of 64 only: a graph has fixed shapes)
 void BM_GraphedEpochCuda(benchmark::State& state) {
@@ -196,25 +207,68 @@ void BM_EpochCuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_TrainStepCpu)->ArgNames({"flat", "batch"})->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_TrainStepCuda)->ArgNames({"flat", "batch"})->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_DeviceAdamStepCuda)->ArgNames({"graphed", "batch"})->ArgsProduct({{0, 1}, {64, 1024}})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_TutorialEpochCpu)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 2}, {64}})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_TutorialEpochCuda)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 2}, {64}})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EpochCpu)->ArgNames({"resident", "batch"})
-    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EpochWorkersCpu)->ArgNames({"workers", "batch"})->ArgsProduct({{0, 1, 2}, {64}})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_EpochCuda)->ArgNames({"resident", "batch"})
-    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FlatEpochCpu)->ArgNames({"batch"})->Arg(64)->UseManualTime()
+BENCHMARK(BM_TrainStepCpu)
+    ->ArgNames({"flat", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TrainStepCuda)
+    ->ArgNames({"flat", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DeviceAdamStepCuda)
+    ->ArgNames({"graphed", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 1024}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TutorialEpochCpu)
+    ->ArgNames({"workers", "batch"})
+    ->ArgsProduct({{0, 2}, {64}})
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FlatEpochCuda)->ArgNames({"batch"})->Arg(64)->UseManualTime()
+BENCHMARK(BM_TutorialEpochCuda)
+    ->ArgNames({"workers", "batch"})
+    ->ArgsProduct({{0, 2}, {64}})
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GraphedEpochCuda)->ArgNames({"batch"})->Arg(64)->UseManualTime()
+BENCHMARK(BM_EpochCpu)
+    ->ArgNames({"resident", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EpochWorkersCpu)
+    ->ArgNames({"workers", "batch"})
+    ->ArgsProduct({{0, 1, 2}, {64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EpochCuda)
+    ->ArgNames({"resident", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlatEpochCpu)
+    ->ArgNames({"batch"})
+    ->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlatEpochCuda)
+    ->ArgNames({"batch"})
+    ->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ManualEpochCpu)
+    ->ArgNames({"batch"})
+    ->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ManualEpochCuda)
+    ->ArgNames({"batch"})
+    ->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GraphedEpochCuda)
+    ->ArgNames({"batch"})
+    ->Arg(64)
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -190,6 +190,40 @@ TEST_F(FashionMnistTest, FlatStepTrainsAsTheTutorialStep) {
   EXPECT_NEAR(flat.accuracy, tutorial.accuracy, 0.01);
 }
 
+// Tests the manual step against autograd: from the same weights on the same batch, the gradients
+// it writes into the flat tensor equal those loss.backward() accumulates there (fp32's tolerance,
+// relative to the largest), and so does the loss.
+TEST(ManualStep, SameGradientsAsAutograd) {
+  torch::manual_seed(6);
+  const lesson11::Batch batch{torch::rand({64, 784}), torch::randint(10, {64})};
+  lesson11::FlatTrainer autograd = lesson11::make_flat_trainer(torch::kCPU, 3);
+  lesson11::FlatTrainer manual = lesson11::make_flat_trainer(torch::kCPU, 3);
+  autograd.flat.gradients.zero_();
+  const torch::Tensor expected = torch::nn::functional::cross_entropy(
+      autograd.model->forward(batch.images), batch.labels);
+  expected.backward();
+  const torch::Tensor before = manual.flat.values.clone();
+  manual.flat.gradients.fill_(123);  // anything there is overwritten, not added to
+  const torch::Tensor loss = lesson11::manual_step(manual, batch);
+  const double scale = autograd.flat.gradients.abs().max().item<double>();
+  EXPECT_LE(course::max_abs_diff(manual.flat.gradients, autograd.flat.gradients) / scale,
+            course::tolerance_for(torch::kFloat));
+  EXPECT_NEAR(loss.item<double>(), expected.item<double>(),
+              course::tolerance_for(torch::kFloat) * expected.item<double>());
+  EXPECT_FALSE(torch::equal(manual.flat.values, before)) << "Adam took no step";
+}
+
+// Tests the lesson's manual form: it trains as the flat form does, epoch by epoch, from the same
+// seed on the same batches.
+TEST_F(FashionMnistTest, ManualStepTrainsAsTheFlatStep) {
+  const course::ImageSet subset = course::take(train(), 3000);
+  const course::ImageSet eval = course::take(test(), 1000);
+  const auto flat = lesson11::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
+  const auto manual = lesson11::train_and_evaluate(subset, eval, "manual", 2, 64, torch::kCPU, 7);
+  EXPECT_LE(course::max_loss_difference(manual.epochs, flat.epochs), lesson11::kFlatTolerance);
+  EXPECT_NEAR(manual.accuracy, flat.accuracy, 0.01);
+}
+
 // Tests the mistake of mixing the two: zero_grad() on a flattened model's parameters leaves their
 // gradients outside the flat tensor (2.x sets them to none), and the flat epoch says so instead of
 // training on gradients Adam never sees.

@@ -1,4 +1,4 @@
-// Lesson 11 (going further) — a fast training loop: lesson 05's loop on Fashion-MNIST, then four
+// Lesson 11 (going further) — a fast training loop: lesson 05's loop on Fashion-MNIST, then the
 // changes that make it faster, one at a time, each measured and checked against the one before.
 //
 // You will learn, run by run (--run NAME), in this order:
@@ -8,29 +8,21 @@
 //     threads gather ahead), and the loss summed on the device, read once per epoch;
 //   - "resident": the whole dataset copied to the device once, each batch gathered there;
 //   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor;
-//   - "graphed" (CUDA): the whole flat step, Adam's step count on the device, in one CUDA graph.
+//   - "manual": the backward pass written out as matrix products, no autograd.
+// (Lesson 15 captures the whole step in a CUDA graph.)
 //
 // Run:    build/bin/lesson11_fast_training_loop [--device ...] [--workers N] [--epochs N] [--quick]
-//           [--run all|tutorial|pinned|resident|flat|graphed] [--batch-size N] [--data-dir DIR]
+//           [--run all|tutorial|pinned|resident|flat|manual] [--batch-size N] [--data-dir DIR]
 // Checks: each run's test accuracy >= kAccuracyBar (kQuickAccuracyBar for shorter runs); each
 //         form's losses equal the form's before it: pinned and tutorial, resident and pinned
-//         (exactly, on the CPU), flat and resident (kFlatTolerance), graphed and eager
-//         (kGraphTolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 77 waived (--run
-//         graphed without CUDA), 130 Ctrl-C.
-#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out
+//         (exactly, on the CPU), flat and resident, manual and flat (kFlatTolerance). Exit 0 PASS,
+//         1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out, torch::mm_out
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
-#include <optional>
-
-#ifdef GPU_LESSONS_WITH_CUDA         // CMake defines it when this LibTorch has CUDA
-#include <ATen/cuda/CUDAEvent.h>     // defines: at::cuda::CUDAEvent (orders two streams)
-#include <ATen/cuda/CUDAGraph.h>     // defines: at::cuda::CUDAGraph (capture, replay)
-#include <c10/cuda/CUDAFunctions.h>  // defines: c10::cuda::device_synchronize
-#include <c10/cuda/CUDAGuard.h>      // defines: c10::cuda::CUDAStreamGuard
-#include <c10/cuda/CUDAStream.h>     // defines: c10::cuda::getStreamFromPool
-#endif
 
 #include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's)
 #include "common/cli.h"        // defines: Cli, start_lesson
@@ -61,12 +53,6 @@ constexpr std::int64_t kPixels = 28 * 28;
 // The flat step does Adam's arithmetic on each element, but a kernel that vectorizes may round a
 // last bit otherwise, and training carries such bits on: ten times fp32's (common/compare.h).
 constexpr double kFlatTolerance = 10 * course::tolerance_for(torch::kFloat);
-constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // torch::optim::Adam's defaults
-constexpr int kGraphWarmupSteps = 3;   // eager steps on the capture stream before the capture
-constexpr int kGraphCheckSteps = 200;  // graphed against eager: losses compared over this many
-// Graphed and eager run the same kernels, unless cuBLAS picks another on the capture stream: fp32
-// rounding, grown over the steps, hence ten times fp32's; a frozen host number is off by far more.
-constexpr double kGraphTolerance = 10 * course::tolerance_for(torch::kFloat);
 //! [knobs]
 
 // ---- the tutorial's loop: lesson 05's, from common/ann.h --------------------------------------
@@ -127,8 +113,8 @@ class Loader {
     const std::int64_t batches = (size() + batch_size_ - 1) / batch_size_;
     ahead_.start(batches, workers_, [this](std::int64_t k) { return gather(k); });
   }
-  // The next batch (false at the end of the epoch). Resident, it is written into `batch`'s own
-  // tensors when they have its size: their addresses stay those a CUDA graph reads.
+  // The next batch (false at the end of the epoch). Resident, it is gathered into `batch`'s own
+  // tensors when they have its size: no new allocation per step.
   bool next(Batch& batch) {
     if (cursor_ >= size()) return false;
     const std::int64_t k = cursor_ / batch_size_;
@@ -273,8 +259,10 @@ torch::Tensor flat_step(FlatTrainer& trainer, const Batch& batch) {
 
 // The flat epoch checks first that every gradient is still a view into the flat gradient tensor,
 // where Adam reads it. A zero_grad() on the parameters breaks that: LibTorch 2.x sets each
-// gradient to none and backward makes new ones that Adam never sees (1.13 refuses it).
-EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::Device& device) {
+// gradient to none and backward makes new ones that Adam never sees (1.13 refuses it). The
+// "manual" run gives its own `step`.
+EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::Device& device,
+                            std::function<torch::Tensor(const Batch&)> step = {}) {
   const auto* begin = static_cast<const char*>(trainer.flat.gradients.data_ptr());
   for (const auto& p : trainer.model->parameters()) {
     const auto* grad = p.grad().defined() ? static_cast<const char*>(p.grad().data_ptr()) : nullptr;
@@ -286,159 +274,45 @@ EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::D
     }
   }
   trainer.model->train();
-  return run_epoch(loader, device, [&](const Batch& batch) { return flat_step(trainer, batch); });
+  if (!step) step = [&](const Batch& batch) { return flat_step(trainer, batch); };
+  return run_epoch(loader, device, step);
 }
 //! [flat-step]
 
-// ---- 4. "graphed": the whole step in a CUDA graph (CUDA only) -----------------------------------
-//! [device-adam]
-// Adam with its step count and bias corrections in tensors on the device, so that a CUDA graph
-// can capture its step: torch::optim::Adam counts on the host, and a graph of it would replay the
-// first step's bias corrections forever, without an error. Same arithmetic and defaults.
-class DeviceAdam {
- public:
-  DeviceAdam(const FlatParameters& flat, double lr)
-      : values_(flat.values), gradients_(flat.gradients), lr_(lr) {}
-  void step() {  // kernels only: no host sync, no host number that changes from step to step
-    torch::NoGradGuard no_grad;
-    steps_.add_(1);  // the step count is a tensor: each replay of a graph adds one on the device
-    torch::pow_out(bias1_, kBeta1, steps_).neg_().add_(1);  // 1 - beta1^t, on the device too
-    torch::pow_out(bias2_, kBeta2, steps_).neg_().add_(1);  // 1 - beta2^t
-    exp_avg_.mul_(kBeta1).add_(gradients_, 1 - kBeta1);
-    exp_avg_sq_.mul_(kBeta2).addcmul_(gradients_, gradients_, 1 - kBeta2);
-    // torch::optim::Adam: values -= lr / bias1 * exp_avg / (sqrt(exp_avg_sq) / sqrt(bias2) + eps).
-    // Its lr / bias1 is a host number; here bias1 is a tensor, so it joins the denominator.
-    torch::sqrt_out(denom_, exp_avg_sq_).div_(bias2_.sqrt_()).add_(kEpsilon).mul_(bias1_).div_(lr_);
-    values_.addcdiv_(exp_avg_, denom_, /*value=*/-1);
-  }
-  const torch::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  const torch::Tensor& steps() const { return steps_; }
-
- private:
-  torch::Tensor values_, gradients_;
-  double lr_;
-  torch::Tensor exp_avg_ = torch::zeros_like(values_), exp_avg_sq_ = torch::zeros_like(values_);
-  torch::Tensor denom_ = torch::empty_like(values_);  // scratch for the update
-  torch::Tensor steps_ = torch::zeros({}, values_.options().dtype(torch::kDouble));  // 0-dim
-  torch::Tensor bias1_ = torch::empty_like(steps_), bias2_ = torch::empty_like(steps_);
-};
-//! [device-adam]
-
-// One training step of the flat model with DeviceAdam; its loss, on the device.
-torch::Tensor device_adam_step(ANN& model, const FlatParameters& flat, DeviceAdam& adam,
-                               const torch::Tensor& images, const torch::Tensor& labels) {
-  flat.gradients.zero_();
-  const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(images), labels);
-  loss.backward();
-  adam.step();
-  return loss.detach();
+// ---- 4. "manual": the backward pass written out, no autograd ------------------------------------
+//! [manual-step]
+// Autograd records each operator of the forward pass, then runs each one's derivative backwards,
+// making every gradient anew and adding it into .grad(). For the tutorial's three Linear layers
+// the whole backward pass is known beforehand: six matrix products and three sums, each written
+// straight into the flat gradient tensor. The same numbers, fewer operators, no graph.
+torch::Tensor manual_step(FlatTrainer& trainer, const Batch& batch) {
+  torch::NoGradGuard no_grad;  // nothing to record: backward is written out below
+  ANN& model = trainer.model;
+  const torch::Tensor& x = batch.images;  // [B, 784]
+  // Forward, as ANN::forward, keeping what backward needs: each layer's input.
+  const torch::Tensor h1 = torch::addmm(model->fc1->bias, x, model->fc1->weight.t()).relu_();
+  const torch::Tensor h2 = torch::addmm(model->fc2->bias, h1, model->fc2->weight.t()).relu_();
+  const torch::Tensor logits = torch::addmm(model->out->bias, h2, model->out->weight.t());
+  const torch::Tensor log_probs = torch::log_softmax(logits, /*dim=*/1);
+  const torch::Tensor loss = torch::nll_loss(log_probs, batch.labels);  // = cross_entropy
+  // Backward. The loss's gradient with respect to the logits: (softmax - one_hot(labels)) / B.
+  const torch::Tensor d_out =
+      log_probs.exp().sub_(torch::one_hot(batch.labels, 10)).div_(x.size(0));
+  // Each layer from the gradient of its output d: weight += d^T input, bias += d's column sums,
+  // and the gradient of its input d W, through the ReLU before it only where that passed (> 0).
+  torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
+  torch::mm_out(grad = model->out->weight.grad(), d_out.t(), h2);
+  torch::sum_out(grad = model->out->bias.grad(), d_out, /*dim=*/0);
+  const torch::Tensor d_h2 = torch::mm(d_out, model->out->weight).mul_(h2 > 0);
+  torch::mm_out(grad = model->fc2->weight.grad(), d_h2.t(), h1);
+  torch::sum_out(grad = model->fc2->bias.grad(), d_h2, /*dim=*/0);
+  const torch::Tensor d_h1 = torch::mm(d_h2, model->fc2->weight).mul_(h1 > 0);
+  torch::mm_out(grad = model->fc1->weight.grad(), d_h1.t(), x);  // the images need no gradient
+  torch::sum_out(grad = model->fc1->bias.grad(), d_h1, /*dim=*/0);
+  trainer.optimizer->step();  // Adam over the flat tensor, as in "flat"
+  return loss;
 }
-
-//! [graphed-step]
-// device_adam_step captured once in a CUDA graph and replayed for every batch of `batch_size`:
-// one launch replaces the step's kernel launches, one per operator. The graph reads `batch` and
-// writes `loss`, tensors whose addresses never change: fill `batch` in place before each step().
-class GraphedStep {
- public:
-  GraphedStep(ANN& model, const FlatParameters& flat, DeviceAdam& adam, std::int64_t batch_size,
-              const torch::Device& device)
-      : model_(model), flat_(flat), adam_(adam) {
-    if (!device.is_cuda() || !torch::cuda::is_available()) {
-      const std::string why = device.is_cuda() ? course::why_no_cuda() : "this is " + device.str();
-      throw course::CourseError("a CUDA graph needs a CUDA device, and " + why,
-                                "run with --device cuda on a machine with a GPU");
-    }
-    // The graph reads and writes these very tensors at every replay: made once, before capture.
-    const auto on = torch::TensorOptions().device(device);
-    batch = Batch{torch::zeros({batch_size, kPixels}, on),
-                  torch::zeros({batch_size}, on.dtype(torch::kLong))};
-    loss = torch::zeros({}, on);
-#ifdef GPU_LESSONS_WITH_CUDA
-    stream_.emplace(c10::cuda::getStreamFromPool(false, device.index()));  // never the default
-    graph_.emplace();
-#endif
-  }
-
-  // One step on `batch`: eager for the first kGraphWarmupSteps calls (on the capture stream),
-  // then captured and replayed, then replayed.
-  void step() {
-#ifdef GPU_LESSONS_WITH_CUDA
-    if (captured_) return graph_->replay();  // the whole step: one launch, on the current stream
-    // Warm-up and capture run on a side stream, after what the current stream queued (the batch).
-    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(stream_->device_index());
-    at::cuda::CUDAEvent batch_ready, step_done;
-    batch_ready.record(current);
-    batch_ready.block(*stream_);
-    const bool capture = calls_++ >= kGraphWarmupSteps;
-    // The warm-up steps are real steps: they let autograd, cuBLAS and the caching allocator make
-    // everything they make once (workspaces, handles) before the capture, which must not.
-    if (capture) c10::cuda::device_synchronize();
-    {
-      c10::cuda::CUDAStreamGuard on_side_stream(*stream_);
-      if (capture) graph_->capture_begin();  // from here kernels are recorded, not run
-      loss.copy_(device_adam_step(model_, flat_, adam_, batch.images, batch.labels));
-      if (capture) graph_->capture_end();
-    }
-    step_done.record(*stream_);
-    step_done.block(current);
-    if (capture) {
-      captured_ = true;
-      graph_->replay();  // the captured step has not run yet: run it
-    }
-#endif
-  }
-  bool captured() const { return captured_; }
-  Batch batch;         // static input: [batch_size, 784] images, [batch_size] labels
-  torch::Tensor loss;  // the last step's loss, written by the step (0-dim, on the device)
-
- private:
-  ANN model_;
-  FlatParameters flat_;
-  DeviceAdam& adam_;
-  int calls_ = 0;
-  bool captured_ = false;
-#ifdef GPU_LESSONS_WITH_CUDA  // made once the device is known to be a GPU
-  std::optional<c10::cuda::CUDAStream> stream_;
-  std::optional<at::cuda::CUDAGraph> graph_;
-#endif
-};
-// The resident loader gathers each batch into the graph's own tensors (`batch`): a full batch
-// replays the graph; the shorter last one takes the same step eagerly (a graph has fixed shapes).
-EpochStats train_epoch_graphed(ANN& model, const FlatParameters& flat, DeviceAdam& adam,
-                               GraphedStep& graph, Loader& loader, const torch::Device& device) {
-  model->train();
-  const auto step = [&](const Batch& batch) {
-    if (!batch.images.is_same(graph.batch.images)) {  // the short last batch
-      return device_adam_step(model, flat, adam, batch.images, batch.labels);
-    }
-    graph.step();
-    return graph.loss;
-  };
-  return run_epoch(loader, device, step, graph.batch);
-}
-//! [graphed-step]
-
-// The graphed step against the same step run eagerly, from the same seed on the same batches (the
-// first `steps` full batches of `data`, in order): the largest relative difference of the losses.
-double graphed_vs_eager(const course::ImageSet& data, std::int64_t batch_size,
-                        const torch::Device& device, std::uint64_t seed, int steps) {
-  FlatTrainer eager = make_flat_trainer(device, seed), graphed = make_flat_trainer(device, seed);
-  DeviceAdam eager_adam(eager.flat, kLearningRate), graphed_adam(graphed.flat, kLearningRate);
-  GraphedStep graph(graphed.model, graphed.flat, graphed_adam, batch_size, device);
-  const torch::Tensor images = data.images.reshape({-1, kPixels}).to(device);
-  const torch::Tensor labels = data.labels.to(device);
-  torch::Tensor worst = torch::zeros({}, torch::TensorOptions().device(device));
-  for (int i = 0; i < steps; ++i) {
-    const std::int64_t start = (i % (images.size(0) / batch_size)) * batch_size;
-    graph.batch.images.copy_(images.slice(0, start, start + batch_size));  // in place: the graph
-    graph.batch.labels.copy_(labels.slice(0, start, start + batch_size));  // reads these tensors
-    const torch::Tensor expected = device_adam_step(eager.model, eager.flat, eager_adam,
-                                                    graph.batch.images, graph.batch.labels);
-    graph.step();
-    worst = torch::maximum(worst, ((graph.loss - expected).abs() / expected.abs()));
-  }
-  return worst.item<double>();  // one sync, at the end
-}
+//! [manual-step]
 
 // ---- a whole run --------------------------------------------------------------------------------
 struct RunResult {
@@ -468,23 +342,20 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
     Loader loader(run, train, batch_size, device, workers);
     result.epochs = train_epochs([&] { return train_epoch_loaded(trainer, loader, device); });
     result.accuracy = course::test_accuracy(trainer.model, test, device);
-  } else if (run == "flat" || run == "graphed") {  // the resident loader, flat parameters
+  } else if (run == "flat") {  // the resident loader, flat parameters
     FlatTrainer trainer = make_flat_trainer(device, seed);
     Loader loader("resident", train, batch_size, device);
-    std::optional<DeviceAdam> adam;  // graphed: Adam's step count on the device, and one graph
-    std::optional<GraphedStep> graph;
-    if (run == "graphed") {
-      adam.emplace(trainer.flat, kLearningRate);
-      graph.emplace(trainer.model, trainer.flat, *adam, batch_size, device);
-    }
-    result.epochs = train_epochs([&] {
-      return graph ? train_epoch_graphed(trainer.model, trainer.flat, *adam, *graph, loader, device)
-                   : train_epoch_flat(trainer, loader, device);
-    });
+    result.epochs = train_epochs([&] { return train_epoch_flat(trainer, loader, device); });
+    result.accuracy = course::test_accuracy(trainer.model, test, device);
+  } else if (run == "manual") {  // the same, backward written out
+    FlatTrainer trainer = make_flat_trainer(device, seed);
+    Loader loader("resident", train, batch_size, device);
+    const auto step = [&](const Batch& batch) { return manual_step(trainer, batch); };
+    result.epochs = train_epochs([&] { return train_epoch_flat(trainer, loader, device, step); });
     result.accuracy = course::test_accuracy(trainer.model, test, device);
   } else {
     throw course::UsageError("no run '" + run + "'",
-                             "use tutorial, pinned, resident, flat or graphed");
+                             "use tutorial, pinned, resident, flat or manual");
   }
   return result;
 }
@@ -526,14 +397,8 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
     same_losses("resident", "pinned", 0.0, "on the CPU both loaders give the same batches");
   if (ran("flat") && ran("resident"))  // the same model, data and batches; Adam's bookkeeping
     same_losses("flat", "resident", kFlatTolerance, "one tensor, the same arithmetic");
-  if (ran("graphed")) {
-    // A graph replays every host number as it was at capture: a step count kept on the host
-    // would replay step 4's bias corrections at every step. Same batches, eager and graphed:
-    const double diff = graphed_vs_eager(train, batch_size, device, seed, kGraphCheckSteps);
-    verdict.check(diff <= kGraphTolerance, "the graphed step's losses equal the eager step's",
-                  course::format("largest relative difference %.2e over %d steps (tolerance %.0e)",
-                                 diff, kGraphCheckSteps, kGraphTolerance));
-  }
+  if (ran("manual") && ran("flat"))  // the same derivatives, summed in another order
+    same_losses("manual", "flat", kFlatTolerance, "backward written out, the same gradients");
   for (const auto& run : runs) {
     verdict.check(results[run].accuracy >= bar, run + " run: test accuracy reaches the bar",
                   course::format("%.4f vs bar %.2f", results[run].accuracy, bar));
@@ -557,15 +422,11 @@ int main(int argc, char** argv) try {
   cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);
   cli.add_option("--run", only, "which run to train (all: each in turn)",
-                 {"all", "tutorial", "pinned", "resident", "flat", "graphed"});
+                 {"all", "tutorial", "pinned", "resident", "flat", "manual"});
   cli.add_option("--workers", workers, "threads loading batches (num_workers)", 0, kMaxWorkers);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
-  if (only == "graphed" && !device.is_cuda()) {
-    verdict.waive("--run graphed needs a CUDA graph, and this run is on " + device.str());
-    return verdict.finish("lesson 11 on " + device.str());
-  }
   const auto folder = course::find_fashion_mnist(options.data_dir);
   course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
   const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
@@ -578,9 +439,7 @@ int main(int argc, char** argv) try {
             << " test; the tutorial's ANN, batch " << batch_size << ", " << workers
             << " loader workers, " << epochs << " epoch(s)\n";
   std::vector<std::string> runs = {only};
-  if (only == "all") runs = {"tutorial", "pinned", "resident", "flat"};
-  if (only == "all" && device.is_cuda()) runs.push_back("graphed");
-  if (only == "all" && !device.is_cuda()) std::cout << "(graphed: skipped: needs CUDA)\n";
+  if (only == "all") runs = {"tutorial", "pinned", "resident", "flat", "manual"};
   compare_runs(runs, train, test, epochs, batch_size, workers,
                full_run ? kAccuracyBar : kQuickAccuracyBar, device, options.seed, verdict);
   return verdict.finish("lesson 11 on " + device.str());

@@ -7,18 +7,20 @@
 //   - "pinned": each batch gathered whole into pinned memory and copied non_blocking (--workers
 //     threads gather ahead), and the loss summed on the device, read once per epoch;
 //   - "resident": the whole dataset copied to the device once, each batch gathered there;
-//   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor.
+//   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor;
+//   - "manual": the backward pass written out as matrix products, no autograd.
 // (Lesson 15 captures the whole step in a CUDA graph.)
 //
 // Run:    build/bin/lesson11_fast_training_loop [--device ...] [--workers N] [--epochs N] [--quick]
-//           [--run all|tutorial|pinned|resident|flat] [--batch-size N] [--data-dir DIR]
+//           [--run all|tutorial|pinned|resident|flat|manual] [--batch-size N] [--data-dir DIR]
 // Checks: each run's test accuracy >= kAccuracyBar (kQuickAccuracyBar for shorter runs); each
 //         form's losses equal the form's before it: pinned and tutorial, resident and pinned
-//         (exactly, on the CPU), flat and resident (kFlatTolerance). Exit 0 PASS, 1 FAIL, 2 bad
-//         flag or missing data, 130 Ctrl-C.
-#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out
+//         (exactly, on the CPU), flat and resident, manual and flat (kFlatTolerance). Exit 0 PASS,
+//         1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out, torch::mm_out
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 
@@ -267,8 +269,10 @@ torch::Tensor flat_step(FlatTrainer& trainer, const Batch& batch) {
 
 // The flat epoch checks first that every gradient is still a view into the flat gradient tensor,
 // where Adam reads it. A zero_grad() on the parameters breaks that: LibTorch 2.x sets each
-// gradient to none and backward makes new ones that Adam never sees (1.13 refuses it).
-EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::Device& device) {
+// gradient to none and backward makes new ones that Adam never sees (1.13 refuses it). The
+// "manual" run gives its own `step`.
+EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::Device& device,
+                            std::function<torch::Tensor(const Batch&)> step = {}) {
   const auto* begin = static_cast<const char*>(trainer.flat.gradients.data_ptr());
   for (const auto& p : trainer.model->parameters()) {
     const auto* grad = p.grad().defined() ? static_cast<const char*>(p.grad().data_ptr()) : nullptr;
@@ -280,9 +284,45 @@ EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::D
     }
   }
   trainer.model->train();
-  return run_epoch(loader, device, [&](const Batch& batch) { return flat_step(trainer, batch); });
+  if (!step) step = [&](const Batch& batch) { return flat_step(trainer, batch); };
+  return run_epoch(loader, device, step);
 }
 //! [flat-step]
+
+// ---- 4. "manual": the backward pass written out, no autograd ------------------------------------
+//! [manual-step]
+// Autograd records each operator of the forward pass, then runs each one's derivative backwards,
+// making every gradient anew and adding it into .grad(). For the tutorial's three Linear layers
+// the whole backward pass is known beforehand: six matrix products and three sums, each written
+// straight into the flat gradient tensor. The same numbers, fewer operators, no graph.
+torch::Tensor manual_step(FlatTrainer& trainer, const Batch& batch) {
+  torch::NoGradGuard no_grad;  // nothing to record: backward is written out below
+  ANN& model = trainer.model;
+  const torch::Tensor& x = batch.images;  // [B, 784]
+  // Forward, as ANN::forward, keeping what backward needs: each layer's input.
+  const torch::Tensor h1 = torch::addmm(model->fc1->bias, x, model->fc1->weight.t()).relu_();
+  const torch::Tensor h2 = torch::addmm(model->fc2->bias, h1, model->fc2->weight.t()).relu_();
+  const torch::Tensor logits = torch::addmm(model->out->bias, h2, model->out->weight.t());
+  const torch::Tensor log_probs = torch::log_softmax(logits, /*dim=*/1);
+  const torch::Tensor loss = torch::nll_loss(log_probs, batch.labels);  // = cross_entropy
+  // Backward. The loss's gradient with respect to the logits: (softmax - one_hot(labels)) / B.
+  const torch::Tensor d_out =
+      log_probs.exp().sub_(torch::one_hot(batch.labels, 10)).div_(x.size(0));
+  // Each layer from the gradient of its output d: weight += d^T input, bias += d's column sums,
+  // and the gradient of its input d W, through the ReLU before it only where that passed (> 0).
+  torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
+  torch::mm_out(grad = model->out->weight.grad(), d_out.t(), h2);
+  torch::sum_out(grad = model->out->bias.grad(), d_out, /*dim=*/0);
+  const torch::Tensor d_h2 = torch::mm(d_out, model->out->weight).mul_(h2 > 0);
+  torch::mm_out(grad = model->fc2->weight.grad(), d_h2.t(), h1);
+  torch::sum_out(grad = model->fc2->bias.grad(), d_h2, /*dim=*/0);
+  const torch::Tensor d_h1 = torch::mm(d_h2, model->fc2->weight).mul_(h1 > 0);
+  torch::mm_out(grad = model->fc1->weight.grad(), d_h1.t(), x);  // the images need no gradient
+  torch::sum_out(grad = model->fc1->bias.grad(), d_h1, /*dim=*/0);
+  trainer.optimizer->step();  // Adam over the flat tensor, as in "flat"
+  return loss;
+}
+//! [manual-step]
 
 // ---- a whole run --------------------------------------------------------------------------------
 struct RunResult {
@@ -317,9 +357,15 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
     Loader loader("resident", train, batch_size, device);
     result.epochs = train_epochs([&] { return train_epoch_flat(trainer, loader, device); });
     result.accuracy = course::test_accuracy(trainer.model, test, device);
+  } else if (run == "manual") {  // the same, backward written out
+    FlatTrainer trainer = make_flat_trainer(device, seed);
+    Loader loader("resident", train, batch_size, device);
+    const auto step = [&](const Batch& batch) { return manual_step(trainer, batch); };
+    result.epochs = train_epochs([&] { return train_epoch_flat(trainer, loader, device, step); });
+    result.accuracy = course::test_accuracy(trainer.model, test, device);
   } else {
     throw course::UsageError("no run '" + run + "'",
-                             "use tutorial, pinned, resident or flat");
+                             "use tutorial, pinned, resident, flat or manual");
   }
   return result;
 }
@@ -361,6 +407,8 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
     same_losses("resident", "pinned", 0.0, "on the CPU both loaders give the same batches");
   if (ran("flat") && ran("resident"))  // the same model, data and batches; Adam's bookkeeping
     same_losses("flat", "resident", kFlatTolerance, "one tensor, the same arithmetic");
+  if (ran("manual") && ran("flat"))  // the same derivatives, summed in another order
+    same_losses("manual", "flat", kFlatTolerance, "backward written out, the same gradients");
   for (const auto& run : runs) {
     verdict.check(results[run].accuracy >= bar, run + " run: test accuracy reaches the bar",
                   course::format("%.4f vs bar %.2f", results[run].accuracy, bar));
@@ -384,7 +432,7 @@ int main(int argc, char** argv) try {
   cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);
   cli.add_option("--run", only, "which run to train (all: each in turn)",
-                 {"all", "tutorial", "pinned", "resident", "flat"});
+                 {"all", "tutorial", "pinned", "resident", "flat", "manual"});
   cli.add_option("--workers", workers, "threads loading batches (num_workers)", 0, kMaxWorkers);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
@@ -401,7 +449,7 @@ int main(int argc, char** argv) try {
             << " test; the tutorial's ANN, batch " << batch_size << ", " << workers
             << " loader workers, " << epochs << " epoch(s)\n";
   std::vector<std::string> runs = {only};
-  if (only == "all") runs = {"tutorial", "pinned", "resident", "flat"};
+  if (only == "all") runs = {"tutorial", "pinned", "resident", "flat", "manual"};
   compare_runs(runs, train, test, epochs, batch_size, workers,
                full_run ? kAccuracyBar : kQuickAccuracyBar, device, options.seed, verdict);
   return verdict.finish("lesson 11 on " + device.str());
