@@ -384,16 +384,20 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
   }
   course::print_timed_runs(rows, "s/epoch", "samples/s", "test accuracy", device.str());
   const auto ran = [&](const std::string& run) { return results.count(run) != 0; };
-  if (ran("flat")) {  // what the flat step saves: ATen operators, one step each
+  if (ran("flat")) {  // what the flat and manual steps save: ATen operators, one step each
     const Batch batch{train.images.slice(0, 0, batch_size).reshape({-1, kPixels}).to(device),
                       train.labels.slice(0, 0, batch_size).to(device)};
     Trainer tutorial = make_trainer(device, kSeed);
-    FlatTrainer flat = make_flat_trainer(device, kSeed);
+    FlatTrainer flat = make_flat_trainer(device, kSeed), manual = make_flat_trainer(device, kSeed);
     const long long tutorial_ops = course::count_operators([&] { tutorial_step(tutorial, batch); });
     const long long flat_ops = course::count_operators([&] { flat_step(flat, batch); });
-    std::printf("ATen operators per step: %lld with Adam over %zu parameter tensors, %lld flat\n",
-                tutorial_ops, tutorial.model->parameters().size(), flat_ops);
+    const long long manual_ops = course::count_operators([&] { manual_step(manual, batch); });
+    std::printf(
+        "ATen operators per step: %lld with Adam over %zu parameter tensors, %lld flat, "
+        "%lld manual\n",
+        tutorial_ops, tutorial.model->parameters().size(), flat_ops, manual_ops);
   }
+
   // Each form against the form before it, from the same seed: their epoch losses.
   const auto same_losses = [&](const std::string& a, const std::string& b, double tolerance,
                                const std::string& why) {

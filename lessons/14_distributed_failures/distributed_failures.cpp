@@ -69,8 +69,8 @@ constexpr int kSlackSeconds = 15;         // start-up (LibTorch, the data) on a 
 constexpr int kQuickFailTimeoutSeconds = 3;
 
 // ---- lesson 09's job, as lesson 09 writes it ----------------------------------------------------
-// Lesson 09's ANN, the tutorial's (common/ann.h): its layers made in the same order, so the same
-// seed gives the same weights. Lesson 09's shards: course::epoch_order and course::shard_indices.
+// The tutorial's ANN (common/ann.h; lesson 09 declares it again, layers in the same order: the same
+// seed, the same weights). Lesson 09's shards: course::epoch_order and course::shard_indices.
 using course::ANN;
 // Lesson 09's work->wait(timeout) returns at once on NCCL: here every collective waits through
 // wait_within() instead, with a deadline on NCCL too (in its section, below).

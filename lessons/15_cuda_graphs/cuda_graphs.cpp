@@ -1,9 +1,10 @@
 // Lesson 15 (going further) — CUDA graphs: lesson 05's training step captured once and replayed
 // for every batch, measured against the same step run eagerly.
 //
-// A step of the tutorial's small model is some sixty small kernels (forward, backward, Adam over
-// six parameter tensors). On a GPU the CPU launches them one by one, and the GPU finishes each
-// sooner than the CPU launches the next: the GPU waits. A CUDA graph records the whole step once
+// A step of the tutorial's small model is a few hundred ATen operators (forward, backward, Adam
+// over six parameter tensors; the lesson counts them), most of them one small kernel on a GPU.
+// There the CPU launches them one by one, and the GPU finishes each sooner than the CPU launches
+// the next: the GPU waits. A CUDA graph records the whole step once
 // and replays it with one launch.
 //
 // You will learn:
@@ -43,7 +44,7 @@
 #include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/device.h"   // defines: why_no_cuda
 #include "common/report.h"   // defines: TimedRun, print_timed_runs, format
-#include "common/timing.h"   // defines: time_median, per_piece, timing_note
+#include "common/timing.h"   // defines: time_median, per_piece, count_operators
 #include "common/verdict.h"  // defines: Verdict, report_error
 
 namespace lesson15 {
@@ -202,7 +203,7 @@ class GraphedStep {
     labels = torch::zeros({batch_size}, on.dtype(torch::kLong));
     loss = torch::zeros({}, on);
 #ifdef GPU_LESSONS_WITH_CUDA
-    stream_.emplace(c10::cuda::getStreamFromPool(false, device.index()));  // never the default
+    stream_.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
     graph_.emplace();
 #endif
   }
@@ -211,7 +212,10 @@ class GraphedStep {
   // replayed, then replayed.
   void step() {
 #ifdef GPU_LESSONS_WITH_CUDA
-    if (captured_) return graph_->replay();  // the whole step: one launch
+    if (captured_) {
+      graph_->replay();  // the whole step: one launch
+      return;
+    }
     // Warm-up and capture run on a side stream, after what the current stream queued (the batch).
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(stream_->device_index());
     at::cuda::CUDAEvent batch_ready, step_done;
@@ -219,7 +223,8 @@ class GraphedStep {
     batch_ready.block(*stream_);
     const bool capture = calls_++ >= kGraphWarmupSteps;
     // The warm-up steps are real steps: autograd, cuBLAS and the caching allocator make what they
-    // make once (gradients, handles, workspaces) before the capture, which must not.
+    // make once (gradients, handles, workspaces) before the capture, which must not. The capture
+    // then starts from a GPU with nothing queued, as PyTorch's recipe has it.
     if (capture) c10::cuda::device_synchronize();
     {
       c10::cuda::CUDAStreamGuard on_side_stream(*stream_);
@@ -346,6 +351,21 @@ void run_lesson(const course::ImageSet& train, int steps, const torch::Device& d
     std::cout << "  (skipped: needs CUDA)\n";
   }
   std::cout << "\n3. time per step, batch " << kBatchSize << "\n";
+  {  // what each eager step dispatches: on a GPU, mostly one kernel launch per operator
+    torch::manual_seed(seed);
+    ANN a, b;
+    a->to(device);
+    b->to(device);
+    torch::optim::Adam adam(a->parameters(), torch::optim::AdamOptions(kLearningRate));
+    DeviceAdam device_adam(b->parameters(), kLearningRate);
+    const auto images = batches.images_of(0), labels = batches.labels_of(0);
+    const long long tutorial_ops =
+        course::count_operators([&] { tutorial_step(a, adam, images, labels); });
+    const long long device_ops =
+        course::count_operators([&] { device_adam_step(b, device_adam, images, labels); });
+    std::printf("ATen operators per step: %lld with torch::optim::Adam, %lld with DeviceAdam\n",
+                tutorial_ops, device_ops);
+  }
   course::print_timed_runs(time_steps(batches, device, seed), "ms/step", "samples/s", "last loss",
                            device.str());
 }
