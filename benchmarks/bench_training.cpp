@@ -78,9 +78,7 @@ void BM_DeviceAdamStepCuda(benchmark::State& state) {
   if (!bench::gpu_or_skip(state, device)) return;
   const bool graphed = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
-  torch::manual_seed(lesson15::kSeed);
-  course::ANN model;
-  model->to(device);
+  course::ANN model = lesson15::seeded_model(device, lesson15::kSeed);
   lesson15::DeviceAdam adam(model->parameters(), lesson15::kLearningRate);
   lesson15::GraphedStep graph(model, adam, batch, device);
   graph.images.copy_(torch::rand({batch, 784}));
@@ -160,9 +158,7 @@ void BM_GraphedEpochCuda(benchmark::State& state) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
   const lesson15::Batches batches = lesson15::device_batches(*data, device, lesson15::kSeed);
-  torch::manual_seed(lesson15::kSeed);
-  course::ANN model;
-  model->to(device);
+  course::ANN model = lesson15::seeded_model(device, lesson15::kSeed);
   lesson15::DeviceAdam adam(model->parameters(), lesson15::kLearningRate);
   lesson15::GraphedStep graph(model, adam, lesson15::kBatchSize, device);
   bench::run_timed(state, device, [&] {

@@ -90,6 +90,14 @@ Batches device_batches(const course::ImageSet& train, const torch::Device& devic
           train.labels.index_select(0, order).to(device)};
 }
 
+// model = ANN().to(device), from lesson 05's first weights: each form below trains its own copy.
+ANN seeded_model(const torch::Device& device, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  ANN model;
+  model->to(device);
+  return model;
+}
+
 // ---- the eager step: lesson 05's ------------------------------------------------------------
 //! [tutorial-step]
 // Lesson 05's step, on a batch already on the device. Adam's step count lives on the host.
@@ -164,12 +172,7 @@ torch::Tensor device_adam_step(ANN& model, DeviceAdam& adam, const torch::Tensor
 // largest relative difference of their losses (read once, at the end).
 double device_adam_vs_libtorch(const Batches& batches, int steps, const torch::Device& device,
                                std::uint64_t seed) {
-  torch::manual_seed(seed);
-  ANN theirs;
-  torch::manual_seed(seed);
-  ANN mine;
-  theirs->to(device);
-  mine->to(device);
+  ANN theirs = seeded_model(device, seed), mine = seeded_model(device, seed);
   torch::optim::Adam adam(theirs->parameters(), torch::optim::AdamOptions(kLearningRate));
   DeviceAdam device_adam(mine->parameters(), kLearningRate);
   torch::Tensor worst = torch::zeros({}, torch::TensorOptions().device(device));
@@ -261,12 +264,7 @@ class GraphedStep {
 // batches, each copied into the graph's own tensors. The largest relative difference of losses.
 double graphed_vs_eager(const Batches& batches, int steps, const torch::Device& device,
                         std::uint64_t seed) {
-  torch::manual_seed(seed);
-  ANN eager;
-  torch::manual_seed(seed);
-  ANN graphed;
-  eager->to(device);
-  graphed->to(device);
+  ANN eager = seeded_model(device, seed), graphed = seeded_model(device, seed);
   DeviceAdam eager_adam(eager->parameters(), kLearningRate);
   DeviceAdam graphed_adam(graphed->parameters(), kLearningRate);
   GraphedStep graph(graphed, graphed_adam, kBatchSize, device);
@@ -301,24 +299,18 @@ std::vector<course::TimedRun> time_steps(const Batches& batches, const torch::De
                             static_cast<double>(kBatchSize), loss.item<double>()};
   };
   std::vector<course::TimedRun> rows;
-  torch::manual_seed(seed);
-  ANN model;
-  model->to(device);
+  ANN model = seeded_model(device, seed);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   rows.push_back(timed("tutorial", [&](std::int64_t k) {
     return tutorial_step(model, adam, batches.images_of(k), batches.labels_of(k));
   }));
-  torch::manual_seed(seed);
-  ANN device_model;
-  device_model->to(device);
+  ANN device_model = seeded_model(device, seed);
   DeviceAdam device_adam(device_model->parameters(), kLearningRate);
   rows.push_back(timed("device", [&](std::int64_t k) {
     return device_adam_step(device_model, device_adam, batches.images_of(k), batches.labels_of(k));
   }));
   if (!device.is_cuda()) return rows;
-  torch::manual_seed(seed);
-  ANN graphed_model;
-  graphed_model->to(device);
+  ANN graphed_model = seeded_model(device, seed);
   DeviceAdam graphed_adam(graphed_model->parameters(), kLearningRate);
   GraphedStep graph(graphed_model, graphed_adam, kBatchSize, device);
   rows.push_back(timed("graphed", [&](std::int64_t k) {
@@ -352,10 +344,7 @@ void run_lesson(const course::ImageSet& train, int steps, const torch::Device& d
   }
   std::cout << "\n3. time per step, batch " << kBatchSize << "\n";
   {  // what each eager step dispatches: on a GPU, mostly one kernel launch per operator
-    torch::manual_seed(seed);
-    ANN a, b;
-    a->to(device);
-    b->to(device);
+    ANN a = seeded_model(device, seed), b = seeded_model(device, seed);
     torch::optim::Adam adam(a->parameters(), torch::optim::AdamOptions(kLearningRate));
     DeviceAdam device_adam(b->parameters(), kLearningRate);
     const auto images = batches.images_of(0), labels = batches.labels_of(0);
