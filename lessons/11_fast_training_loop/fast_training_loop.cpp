@@ -293,8 +293,9 @@ EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::D
 //! [manual-step]
 // Autograd records each operator of the forward pass, then runs each one's derivative backwards,
 // making every gradient anew and adding it into .grad(). For the tutorial's three Linear layers
-// the whole backward pass is known beforehand: six matrix products and three sums, each written
-// straight into the flat gradient tensor. The same numbers, fewer operators, no graph.
+// the whole backward pass is known beforehand: five matrix products and three sums (the images
+// need no gradient), each gradient written straight into the flat gradient tensor. The same
+// numbers, fewer operators, no graph.
 torch::Tensor manual_step(FlatTrainer& trainer, const Batch& batch) {
   torch::NoGradGuard no_grad;  // nothing to record: backward is written out below
   ANN& model = trainer.model;
@@ -308,8 +309,9 @@ torch::Tensor manual_step(FlatTrainer& trainer, const Batch& batch) {
   // Backward. The loss's gradient with respect to the logits: (softmax - one_hot(labels)) / B.
   const torch::Tensor d_out =
       log_probs.exp().sub_(torch::one_hot(batch.labels, 10)).div_(x.size(0));
-  // Each layer from the gradient of its output d: weight += d^T input, bias += d's column sums,
-  // and the gradient of its input d W, through the ReLU before it only where that passed (> 0).
+  // Each layer from the gradient of its output d: weight gradient = d^T input, bias gradient =
+  // d's column sums, and its input's gradient d W, through the ReLU before it only where that
+  // passed (> 0).
   torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
   torch::mm_out(grad = model->out->weight.grad(), d_out.t(), h2);
   torch::sum_out(grad = model->out->bias.grad(), d_out, /*dim=*/0);

@@ -17,6 +17,7 @@
 //   - the graphed step checked against the eager step on the same batches, and both timed.
 //
 // Run:    build/bin/lesson15_cuda_graphs [--device auto|cpu|cuda|cuda:N] [--steps N] [--quick]
+//           [--data-dir DIR]
 // Checks: DeviceAdam trains as torch::optim::Adam (losses within kAdamTolerance, relative); on
 //         CUDA, the graphed step's losses equal the eager step's within kGraphTolerance over
 //         every step (on the CPU the graph prints "(skipped: needs CUDA)"). Exit 0 PASS, 1 FAIL,
