@@ -94,8 +94,7 @@ void BM_DeviceAdamStepCuda(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * batch);
 }
 
-// ---- one epoch of Fashion-MNIST: the tutorial's step, fed by either loader
-// -------------------------
+// ---- one epoch of Fashion-MNIST: the tutorial's step, fed by either loader ---------------------
 void epoch(benchmark::State& state, const c10::Device& device, const std::string& loader_name,
            std::int64_t batch, int workers) {
   const course::ImageSet* data = train_set(state);
@@ -120,19 +119,17 @@ void BM_EpochWorkersCpu(benchmark::State& state) {
   epoch(state, torch::kCPU, "pinned", state.range(1), static_cast<int>(state.range(0)));
 }
 
-// ---- one epoch of the flat form, or of the manual one, with the resident loader
-// ------------------
+// ---- one epoch of the flat form, or of the manual one, with the resident loader ----------------
 void flat_epoch(benchmark::State& state, const c10::Device& device, bool manual) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
   const std::int64_t batch = state.range(0);
   lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
   lesson11::Loader loader("resident", *data, batch, device);
-  const auto step = [&](const lesson11::Batch& b) { return lesson11::manual_step(trainer, b); };
-  bench::run_timed(state, device, [&] {
-    manual ? lesson11::train_epoch_flat(trainer, loader, device, step)
-           : lesson11::train_epoch_flat(trainer, loader, device);
-  });
+  std::function<torch::Tensor(const lesson11::Batch&)> step;  // empty: the flat step
+  if (manual) step = [&](const lesson11::Batch& b) { return lesson11::manual_step(trainer, b); };
+  bench::run_timed(state, device,
+                   [&] { lesson11::train_epoch_flat(trainer, loader, device, step); });
   state.SetLabel(manual ? "manual" : "flat");
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =

@@ -184,9 +184,10 @@ torch::Tensor tutorial_step(Trainer& trainer, const Batch& batch) {
 
 // One epoch: `step` trains on each batch and returns its loss. The tutorial's total_loss +=
 // loss.item() waits for the GPU at every step: the sum stays on the device instead (in double,
-// as Python's float), read once at the end. The loader writes each batch into `batch` if it can.
+// as Python's float), read once at the end. The resident loader reuses `batch`'s tensors.
 template <typename Step>
-EpochStats run_epoch(Loader& loader, const torch::Device& device, Step&& step, Batch batch = {}) {
+EpochStats run_epoch(Loader& loader, const torch::Device& device, Step&& step) {
+  Batch batch;
   course::Stopwatch watch(device);
   course::ProgressLine line(loader.size());  // every 100 steps, on a terminal
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kDouble).device(device));
