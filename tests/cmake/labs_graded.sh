@@ -11,13 +11,19 @@ set -u
 root=$1
 export LAB_BUILD_DIR=$2 GPU_LESSONS_TORCH=$3
 status=0
-# grade NN FOLDER WANT WHAT: grade-lab NN FOLDER (none: the starter) exits WANT.
+# grade NN FOLDER WANT WHAT [PATTERN...]: grade-lab NN FOLDER ("": the starter) exits WANT, and
+# its output holds every PATTERN.
 grade() {
-  log=$LAB_BUILD_DIR.$1.$4.log
-  "$root/scripts/grade-lab" "$1" ${2:+"$2"} >"$log" 2>&1
+  nn=$1 folder=$2 want=$3 what=$4
+  shift 4
+  log=$LAB_BUILD_DIR.$nn.$what.log
+  "$root/scripts/grade-lab" "$nn" ${folder:+"$folder"} >"$log" 2>&1
   code=$?
-  echo "lab $1: $4 exit $code (want $3): $(tail -1 "$log")"
-  if [ "$code" -ne "$3" ]; then cat "$log"; status=1; fi
+  echo "lab $nn: $what exit $code (want $want): $(tail -1 "$log")"
+  ok=1
+  [ "$code" -eq "$want" ] || ok=0
+  for pattern in "$@"; do grep -q "$pattern" "$log" || ok=0; done
+  if [ $ok -eq 0 ]; then cat "$log"; status=1; fi
 }
 for lab in "$root"/labs/[0-9][0-9]_*/; do
   grade "$(basename "$lab" | cut -c1-2)" "" 1 starter
@@ -39,13 +45,7 @@ moves_nothing() {
     status=1
     return
   fi
-  "$root/scripts/grade-lab" "$nn" "$nomove" >"$nomove.log" 2>&1
-  code=$?
-  echo "lab $nn moving nothing: exit $code (want 1): $(tail -1 "$nomove.log")"
-  ok=1
-  [ "$code" -eq 1 ] || ok=0
-  for pattern in "$@"; do grep -q "$pattern" "$nomove.log" || ok=0; done
-  if [ $ok -eq 0 ]; then cat "$nomove.log"; status=1; fi
+  grade "$nn" "$nomove" 1 moving-nothing "$@"
 }
 # Lesson 05: the batches' features and labels left on the host, in training and evaluation.
 moves_nothing 05 training_loop.cpp 4 \
