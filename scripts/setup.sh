@@ -12,7 +12,7 @@
 #           the CUDA toolkit of the same major version (nvcc on the PATH) to configure.
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
 # Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
-# Gloo's headers.
+# Gloo's headers, matplotlib (the benchmark charts and lesson 16's timeline pictures).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"
@@ -31,7 +31,7 @@ fi
 # libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09 and 14, CPU ranks);
 # neither LibTorch flavour ships them.
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
-          dataset-fashion-mnist libgloo-dev python3)
+          dataset-fashion-mnist libgloo-dev python3 python3-matplotlib)
 case "$flavour" in
   # clang and its runtimes: the fuzz targets (libFuzzer), which the debian flavour's suite runs.
   debian) packages+=(libtorch-dev python3-torch python3-torchvision libopenblas0-openmp clang
