@@ -29,6 +29,7 @@
 #include "common/compare.h"    // defines: tolerance_for
 #include "common/data.h"       // defines: ImageSet, find_fashion_mnist, load_fashion_mnist, take
 #include "common/device.h"     // defines: why_no_cuda
+#include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters
 #include "common/interrupt.h"  // defines: stop_requested (Ctrl-C)
 #include "common/prefetch.h"   // defines: Prefetcher (threads making items ahead, taken in order)
 #include "common/report.h"     // defines: EpochStats, run_epochs, ProgressLine, print_timed_runs
@@ -214,33 +215,12 @@ EpochStats train_epoch_loaded(Trainer& trainer, Loader& loader, const torch::Dev
 //! [epoch]
 
 // ---- 3. "flat": all parameters in one tensor ----------------------------------------------------
-struct FlatParameters {  // values: the optimizer's only parameter; gradients: values.grad(),
-  torch::Tensor values, gradients;  // into which backward accumulates in place
-};
+// The model's parameters moved into one tensor, their gradients into another: from
+// common/flat_parameters.h (lesson 16 profiles this step too).
+using course::FlatParameters;      // values, and gradients: values.grad()
+using course::flatten_parameters;  // each parameter becomes a view into values
 
-//! [flatten]
-FlatParameters flatten_parameters(torch::nn::Module& model) {
-  std::vector<torch::Tensor> params = model.parameters();
-  std::int64_t total = 0;
-  for (const auto& p : params) total += p.numel();
-  FlatParameters flat;
-  flat.values = torch::empty({total}, params.front().options().requires_grad(false));
-  flat.gradients = torch::zeros({total}, flat.values.options());
-  torch::NoGradGuard no_grad;
-  std::int64_t offset = 0;
-  for (auto& p : params) {
-    const std::int64_t n = p.numel();
-    torch::Tensor values = flat.values.slice(0, offset, offset + n).view(p.sizes());
-    values.copy_(p);
-    p.set_data(values);  // the parameter now lives inside flat.values
-    // Backward adds into an existing .grad() in place: each gradient lands in flat.gradients.
-    p.mutable_grad() = flat.gradients.slice(0, offset, offset + n).view(p.sizes());
-    offset += n;
-  }
-  flat.values.mutable_grad() = flat.gradients;
-  return flat;
-}
-
+//! [flat-trainer]
 struct FlatTrainer : Trainer {  // the model's parameters in `flat`; Adam over flat.values only
   FlatParameters flat;
 };
@@ -254,7 +234,7 @@ FlatTrainer make_flat_trainer(const torch::Device& device, std::uint64_t seed) {
       std::vector<torch::Tensor>{trainer.flat.values}, torch::optim::AdamOptions(kLearningRate));
   return trainer;
 }
-//! [flatten]
+//! [flat-trainer]
 
 //! [flat-step]
 torch::Tensor flat_step(FlatTrainer& trainer, const Batch& batch) {

@@ -5,7 +5,7 @@
 #   path the pass hands CMake and PYTHON not on the PATH: configure must find PYTHON there;
 # - then the whole pass with this build, into a temporary folder; its summary and tarball are
 #   checked: every step passed or was waived, and the tarball holds a transcript of each lesson,
-#   benchmark JSON and the plots.
+#   lesson 16's traces, benchmark JSON and the plots.
 # Also: what the pass refuses (no GPU with --device cuda, a PyTorch without CUDA) exits 2 with a
 # HINT. Exit 77 (skipped) when BUILD has no Python with its torch.
 set -u
@@ -48,6 +48,10 @@ for extra in lesson09_data_parallel.2ranks lesson09_data_parallel.torchrun \
              lesson10_checkpointing.resume lesson10_checkpointing.roundtrip \
              lesson12_crash_safe_checkpoints.resume; do
   [ -s "$t/docs/transcripts/gpu/$extra.txt" ] || fail "no transcript $extra"
+done
+for loop in lesson05 lesson11; do  # lesson 16's traces, which --import draws
+  grep -q '"traceEvents"' "$t/docs/transcripts/gpu/lesson16_profiling-$loop.json" 2>/dev/null ||
+    fail "no trace lesson16_profiling-$loop.json"
 done
 for lesson in 09_data_parallel 14_distributed_failures; do
   grep -q "RESULT: PASS lesson ${lesson%%_*} rank 0 of 1" "$t/docs/transcripts/gpu/lesson$lesson.torchrun.txt" ||

@@ -1,0 +1,44 @@
+// bench_profiler: what LibTorch's profiler costs (lesson 16). Lesson 05's step as lesson 16 writes
+// it (LibTorch's data loader, the batch moved to the device, .item() at every step, the named
+// ranges), in samples/s, with the profiler off and on (recording input shapes, as lesson 16
+// does). One step per iteration; the step's .item() waits for the device, so the clock reads
+// finished work on a GPU too. The profile's own ending (sorting its events) is not timed.
+//
+// Run: build/bin/bench_profiler --benchmark_out=profiler.json --benchmark_out_format=json
+#include <torch/torch.h>
+
+#include "bench.h"
+// Lesson 16 is one file with its own main(); the benchmark includes it for its functions.
+#define GPU_LESSONS_NO_MAIN
+#include "profiling.cpp"
+
+namespace {
+
+void profiled_step(benchmark::State& state, const torch::Device& device) {
+  const course::FashionMNIST train("", /*train=*/true);  // the data folder's, as a lesson's
+  lesson16::TutorialLoop loop = lesson16::make_tutorial_loop(train, device);
+  lesson16::tutorial_steps(loop, lesson16::kWarmupSteps, device);
+  const auto steps = [&] {
+    for (auto _ : state) lesson16::tutorial_steps(loop, 1, device);
+  };
+  if (state.range(0) != 0) {
+    lesson16::profile(steps, device);  // every step under one profile, as the lesson's
+  } else {
+    steps();
+  }
+  state.SetItemsProcessed(state.iterations() * lesson16::kBatchSize);
+}
+
+void BM_ProfiledStepCpu(benchmark::State& state) { profiled_step(state, torch::kCPU); }
+
+void BM_ProfiledStepCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) profiled_step(state, device);
+}
+
+}  // namespace
+
+BENCHMARK(BM_ProfiledStepCpu)->ArgName("profiler")->Arg(0)->Arg(1)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ProfiledStepCuda)->ArgName("profiler")->Arg(0)->Arg(1)->UseRealTime()
+    ->Unit(benchmark::kMillisecond);

@@ -1,0 +1,113 @@
+// profiler.cpp: the profiler's version differences (see profiler.h).
+#include "common/profiler.h"
+
+#include <unistd.h>  // getpid
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "common/verdict.h"  // defines: CourseError
+#include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
+
+namespace course {
+namespace {
+
+using torch::autograd::profiler::KinetoEvent;
+
+// `text` as a JSON string, quotes included.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The events as Chrome's trace format: {"traceEvents": [{"ph": "X", ...}, ...]}.
+void write_events(const std::vector<KinetoEvent>& events, std::ostream& out) {
+  const int pid = static_cast<int>(::getpid());
+  out << std::fixed << std::setprecision(3);  // microseconds, to the nanosecond
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  for (const KinetoEvent& event : events) {
+    out << (first ? "" : ",\n") << "{\"ph\": \"X\", \"cat\": "
+        << (event.scope() == static_cast<std::uint8_t>(at::RecordScope::USER_SCOPE)
+                ? "\"user_annotation\""
+                : "\"cpu_op\"")
+        << ", \"name\": " << json_string(event.name()) << ", \"pid\": " << pid
+        << ", \"tid\": " << event.startThreadId() << ", \"ts\": " << event_start_us(event)
+        << ", \"dur\": " << event_duration_us(event);
+    if (event.hasShapes()) {
+      out << ", \"args\": {\"Input Dims\": [";
+      const auto shapes = event.shapes();
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        out << (i ? ", [" : "[");
+        for (std::size_t j = 0; j < shapes[i].size(); ++j) out << (j ? ", " : "") << shapes[i][j];
+        out << "]";
+      }
+      out << "]}";
+    }
+    out << "}";
+    first = false;
+  }
+  out << "\n]}\n";
+}
+
+}  // namespace
+
+double event_start_us(const KinetoEvent& event) {
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 0)
+  return static_cast<double>(event.startNs()) / 1000.0;
+#else
+  return static_cast<double>(event.startUs());
+#endif
+}
+
+double event_duration_us(const KinetoEvent& event) {
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 0)
+  return static_cast<double>(event.durationNs()) / 1000.0;
+#else
+  return static_cast<double>(event.durationUs());
+#endif
+}
+
+bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result,
+                       const std::string& path) {
+  const std::string part = path + ".part";
+  const std::string hint = "give --trace a file in a folder that exists and can be written";
+  bool kineto = true;
+  try {
+    result.save(part);
+  } catch (const c10::Error&) {  // no Kineto in this LibTorch: write the events ourselves
+    kineto = false;
+  }
+  std::error_code error;
+  if (!kineto) {
+    std::ofstream out(part);
+    if (out) write_events(result.events(), out);
+    out.close();
+    if (!out) {
+      std::filesystem::remove(part, error);  // no half-written file left behind
+      throw CourseError("cannot write the trace " + path, hint);
+    }
+  }
+  if (!std::filesystem::is_regular_file(part, error) || std::filesystem::file_size(part, error) == 0)
+    throw CourseError("the profiler wrote no trace to " + path, hint);
+  std::filesystem::rename(part, path, error);
+  if (error) throw CourseError("cannot write the trace " + path + ": " + error.message(), hint);
+  return kineto;
+}
+
+}  // namespace course

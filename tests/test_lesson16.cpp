@@ -1,0 +1,142 @@
+// Tests of lesson 16: what its profiles of lesson 05's and lesson 11's loops hold, its op table,
+// and its traces, with the lesson's own functions and constants.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+// The lesson is one file with its own main(); the tests include it for its functions.
+#define GPU_LESSONS_NO_MAIN
+#include "common/temporary_folder.h"
+#include "cuda_test.h"
+#include "fashion_mnist_test.h"
+#include "profiling.cpp"
+
+namespace {
+
+constexpr int kTestSteps = 4;  // steps of each loop under the profiler
+
+// The first images of the training set: enough for the warm-up and the profiled steps.
+course::FashionMNIST first_images(const course::ImageSet& train) {
+  return course::FashionMNIST(
+      course::take(train, (lesson16::kWarmupSteps + kTestSteps) * lesson16::kBatchSize));
+}
+
+lesson16::Event host(const std::string& name, double start, double end, std::uint64_t thread = 1) {
+  return {name, start, end, thread, false, {}};
+}
+
+}  // namespace
+
+class ProfileTest : public FashionMnistTest {};
+
+// Tests that a profile of N steps holds N ranges of each part, in both loops.
+TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
+  const auto profiles = lesson16::profile_loops(first_images(train()), kTestSteps, torch::kCPU);
+  for (const auto* result : {profiles.tutorial.get(), profiles.fast.get()}) {
+    const lesson16::LoopFacts facts = lesson16::facts_of(lesson16::events_of(*result));
+    for (const std::string& part : lesson16::kParts) EXPECT_EQ(facts.ranges.at(part), kTestSteps);
+  }
+}
+
+// Tests the counts the page states for the CPU: one .item() per step in lesson 05's loop and none
+// in lesson 11's; lesson 05's loop calls .to(device) on each batch of images, which copies
+// nothing on the CPU; Adam's last operator once per parameter tensor against once.
+TEST_F(ProfileTest, CountsOnTheCpu) {
+  const auto profiles = lesson16::profile_loops(first_images(train()), kTestSteps, torch::kCPU);
+  const auto t = lesson16::facts_of(lesson16::events_of(*profiles.tutorial));
+  const auto f = lesson16::facts_of(lesson16::events_of(*profiles.fast));
+  EXPECT_EQ(t.item_reads, kTestSteps);
+  EXPECT_EQ(f.item_reads, 0);
+  EXPECT_EQ(t.image_moves, kTestSteps);
+  EXPECT_EQ(f.image_moves, 0);
+  EXPECT_EQ(t.image_copies, 0);
+  EXPECT_EQ(t.host_to_device + f.host_to_device, 0);  // no device, no copies to it
+  EXPECT_EQ(profiles.parameter_tensors, 6);
+  EXPECT_EQ(t.adam_updates, 6 * kTestSteps);
+  EXPECT_EQ(f.adam_updates, kTestSteps);
+  EXPECT_GT(t.operators, f.operators);  // per-parameter Adam and the loader's work
+  course::Verdict verdict;
+  lesson16::check_profile(t, f, kTestSteps, profiles.parameter_tensors, torch::kCPU, verdict);
+  EXPECT_EQ(verdict.finish("test"), 0);
+}
+
+// Tests that the check fails where the lab's starter leaves a part without its range.
+TEST(CheckProfile, AMissingRangeFails) {
+  lesson16::LoopFacts t, f;
+  for (const std::string& part : lesson16::kParts) t.ranges[part] = f.ranges[part] = 2;
+  t.ranges["backward"] = 0;
+  t.item_reads = 2;
+  t.image_moves = 2;
+  t.adam_updates = 12;
+  f.adam_updates = 2;
+  course::Verdict verdict;
+  lesson16::check_profile(t, f, 2, 6, torch::kCPU, verdict);
+  EXPECT_EQ(verdict.finish("test"), 1);
+}
+
+// Tests the op table's sums: a parent's self time leaves out the events directly inside it on its
+// thread, not those on another thread; device events count as device time only.
+TEST(KeyAverages, SelfTimeLeavesOutChildren) {
+  const std::vector<lesson16::Event> events = {
+      host("forward", 0, 100),      host("aten::linear", 10, 60),
+      host("aten::addmm", 20, 50),  host("aten::relu", 70, 80),
+      host("aten::addmm", 5, 95, 2),  // another thread: nobody's child
+      {"volta_sgemm", 30, 45, 7, true, {}},
+  };
+  std::map<std::string, lesson16::OpRow> rows;
+  for (const auto& row : lesson16::key_averages(events)) rows[row.name] = row;
+  EXPECT_DOUBLE_EQ(rows["forward"].total_us, 100);
+  EXPECT_DOUBLE_EQ(rows["forward"].self_us, 100 - 50 - 10);
+  EXPECT_DOUBLE_EQ(rows["aten::linear"].self_us, 50 - 30);
+  EXPECT_EQ(rows["aten::addmm"].calls, 2);
+  EXPECT_DOUBLE_EQ(rows["aten::addmm"].self_us, 30 + 90);
+  EXPECT_DOUBLE_EQ(rows["aten::relu"].self_us, 10);
+  EXPECT_DOUBLE_EQ(rows["volta_sgemm"].device_us, 15);
+  EXPECT_DOUBLE_EQ(rows["volta_sgemm"].total_us, 0);
+}
+
+// Tests the names of the two trace files that --trace FILE writes.
+TEST(TraceFile, OnePerLoop) {
+  EXPECT_EQ(lesson16::trace_file("out/trace.json", "lesson05"), "out/trace-lesson05.json");
+  EXPECT_EQ(lesson16::trace_file("trace", "lesson11"), "trace-lesson11.json");
+}
+
+// Tests that the traces are written, and hold each step's ranges as trace events.
+TEST_F(ProfileTest, TraceHoldsTheRanges) {
+  const auto profiles = lesson16::profile_loops(first_images(train()), kTestSteps, torch::kCPU);
+  course::TemporaryFolder folder("lesson16");
+  const std::string file = (folder.path() / "trace.json").string();
+  course::save_chrome_trace(*profiles.tutorial, file);
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+  std::size_t forwards = 0;
+  for (auto at = json.find("\"forward\""); at != std::string::npos;
+       at = json.find("\"forward\"", at + 1))
+    ++forwards;
+  EXPECT_EQ(forwards, static_cast<std::size_t>(kTestSteps));
+}
+
+class ProfileCudaTest : public CudaTest {};
+
+// Tests the copies on a GPU: lesson 05's loop copies each batch to the device (features and
+// labels: at least two copies a step), lesson 11's copies none; its ranges and reads as on the CPU.
+TEST_F(ProfileCudaTest, LessonFivesLoopCopiesEachBatchLessonElevensNone) {
+  std::string why;
+  const FashionMnistSplits* data = fashion_mnist(&why);
+  if (data == nullptr) GTEST_SKIP() << why;
+  const auto profiles = lesson16::profile_loops(first_images(data->train), kTestSteps, device);
+  const auto t = lesson16::facts_of(lesson16::events_of(*profiles.tutorial));
+  const auto f = lesson16::facts_of(lesson16::events_of(*profiles.fast));
+  EXPECT_GE(t.host_to_device, 2 * kTestSteps);
+  EXPECT_EQ(f.host_to_device, 0);
+  EXPECT_EQ(t.item_reads, kTestSteps);
+  EXPECT_EQ(f.item_reads, 0);
+  course::Verdict verdict;
+  lesson16::check_profile(t, f, kTestSteps, profiles.parameter_tensors, device, verdict);
+  EXPECT_EQ(verdict.finish("test"), 0);
+}
