@@ -83,17 +83,30 @@ double event_duration_us(const KinetoEvent& event) {
 #endif
 }
 
+void check_trace_folder(const std::string& path) {
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (!folder.empty() && !std::filesystem::is_directory(folder, error)) {
+    throw CourseError("no folder " + folder.string() + " for the trace " + path,
+                      "give --trace a file in a folder that exists (or make the folder first)");
+  }
+}
+
 bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result,
                        const std::string& path) {
   const std::string part = path + ".part";
   const std::string hint = "give --trace a file in a folder that exists and can be written";
+  std::error_code error;
+  std::filesystem::remove(part, error);  // a part file of an earlier run is never taken
   bool kineto = true;
   try {
     result.save(part);
-  } catch (const c10::Error&) {  // no Kineto in this LibTorch: write the events ourselves
+  } catch (const c10::Error& e) {
+    // LibTorch without Kineto refuses: "Saving a trace requires ... Kineto support
+    // (USE_KINETO=1)". Any other error is the caller's to see.
+    if (std::string(e.what()).find("USE_KINETO") == std::string::npos) throw;
     kineto = false;
   }
-  std::error_code error;
   if (!kineto) {
     std::ofstream out(part);
     if (out) write_events(result.events(), out);
@@ -106,7 +119,11 @@ bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result,
   if (!std::filesystem::is_regular_file(part, error) || std::filesystem::file_size(part, error) == 0)
     throw CourseError("the profiler wrote no trace to " + path, hint);
   std::filesystem::rename(part, path, error);
-  if (error) throw CourseError("cannot write the trace " + path + ": " + error.message(), hint);
+  if (error) {
+    const std::string why = error.message();
+    std::filesystem::remove(part, error);
+    throw CourseError("cannot write the trace " + path + ": " + why, hint);
+  }
   return kineto;
 }
 

@@ -23,4 +23,8 @@ double event_duration_us(const torch::autograd::profiler::KinetoEvent& event);
 /// cannot be written.
 bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result, const std::string& path);
 
+/// Throws CourseError (exit 2, with a HINT) when the folder of the trace file `path` does not
+/// exist: a program that will save a trace checks it before its run.
+void check_trace_folder(const std::string& path);
+
 }  // namespace course

@@ -260,10 +260,11 @@ std::vector<Event> events_of(const profiler::ProfilerResult& result) {
 // One row of prof.key_averages(): every event of one name, summed.
 struct OpRow {
   std::string name;
-  std::int64_t calls = 0;
+  std::int64_t calls = 0;          // on the host (a GPU's kernels and copies: on the device)
   double self_us = 0;    // host time in the event itself, not in the operators it called
   double total_us = 0;   // host time from its start to its end, callees included
   double device_us = 0;  // kernels and copies: their time on the device
+  std::int64_t device_calls = 0;
 };
 
 // Sums the events by name. An event's self time is its length less the lengths of the events
@@ -281,12 +282,13 @@ std::vector<OpRow> key_averages(std::vector<Event> events) {
   for (const Event& e : events) {
     OpRow& row = rows[e.name];
     row.name = e.name;
-    ++row.calls;
     const double length = e.end_us - e.start_us;
-    if (e.on_device) {
+    if (e.on_device) {  // a kernel, a copy, or a range's span on the GPU (named as the range)
       row.device_us += length;
+      ++row.device_calls;
       continue;
     }
+    ++row.calls;
     row.total_us += length;
     row.self_us += length;
     while (!open.empty() && (open.back()->thread != e.thread || open.back()->end_us < e.end_us))
@@ -313,9 +315,10 @@ void print_table(std::vector<OpRow> rows, const std::string& sort_by, int row_li
   for (int i = 0; i < row_limit && i < static_cast<int>(rows.size()); ++i) {
     const OpRow& r = rows[i];
     const std::string name = r.name.size() > 40 ? r.name.substr(0, 37) + "..." : r.name;
+    const std::int64_t calls = r.calls > 0 ? r.calls : r.device_calls;
     std::printf("  %-40s %7lld %9.0f us %9.0f us %9.1f us", name.c_str(),
-                static_cast<long long>(r.calls), r.self_us, r.total_us,
-                r.total_us / static_cast<double>(r.calls));
+                static_cast<long long>(calls), r.self_us, r.total_us,
+                r.total_us / static_cast<double>(calls));
     if (by_device) std::printf(" %12.0f us", r.device_us);
     std::printf("\n");
   }
@@ -340,7 +343,9 @@ LoopFacts facts_of(const std::vector<Event>& events) {
   for (const Event& e : events) {
     const bool images = !e.input.empty() && e.input[0] == kBatchSize &&
                         c10::multiply_integers(e.input) == kBatchSize * 28 * 28;
-    if (facts.ranges.count(e.name)) ++facts.ranges[e.name];
+    // On a GPU, Kineto adds a device event of the same name for each range that launched
+    // kernels (its span on the GPU): a range is counted where it ran, on the host.
+    if (!e.on_device && facts.ranges.count(e.name)) ++facts.ranges[e.name];
     facts.operators += !e.on_device && e.name.rfind("aten::", 0) == 0;
     facts.item_reads += e.name == "aten::_local_scalar_dense";
     facts.image_moves += e.name == "aten::to" && images;
@@ -484,6 +489,7 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   if (steps == 0) steps = options.quick ? kQuickSteps : kSteps;
+  if (!trace.empty()) course::check_trace_folder(trace);  // before the run, not after it
   const course::FashionMNIST train(options.data_dir, /*train=*/true);
   std::cout << "Fashion-MNIST: " << *train.size() << " training images; the tutorial's ANN, batch "
             << kBatchSize << "\n";
