@@ -94,6 +94,7 @@ void check_trace_folder(const std::string& path) {
 
 bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result,
                        const std::string& path) {
+  check_trace_folder(path);
   const std::string part = path + ".part";
   const std::string hint = "give --trace a file in a folder that exists and can be written";
   std::error_code error;

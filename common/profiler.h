@@ -20,7 +20,7 @@ double event_duration_us(const torch::autograd::profiler::KinetoEvent& event);
 /// USE_KINETO=1"): then the events are written here in the same format, one complete event
 /// ("ph": "X") per operator and range on the thread that ran it, with the input shapes when they
 /// were recorded. Returns true when Kineto wrote the trace. Throws CourseError when `path`
-/// cannot be written.
+/// cannot be written (Kineto also refuses to save one result twice: "Trace is already saved").
 bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result, const std::string& path);
 
 /// Throws CourseError (exit 2, with a HINT) when the folder of the trace file `path` does not
