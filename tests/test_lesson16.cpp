@@ -23,6 +23,14 @@ course::FashionMNIST first_images(const course::ImageSet& train) {
       course::take(train, (lesson16::kWarmupSteps + kTestSteps) * lesson16::kBatchSize));
 }
 
+// The two loops' profiles on the CPU, made once for the tests that read them (each profile runs
+// the warm-up and the profiled steps of both loops).
+const lesson16::Profiles& cpu_profiles(const course::ImageSet& train) {
+  static const lesson16::Profiles profiles =
+      lesson16::profile_loops(first_images(train), kTestSteps, torch::kCPU);
+  return profiles;
+}
+
 lesson16::Event host(const std::string& name, double start, double end, std::uint64_t thread = 1) {
   return {name, start, end, thread, false, {}};
 }
@@ -33,7 +41,7 @@ class ProfileTest : public FashionMnistTest {};
 
 // Tests that a profile of N steps holds N ranges of each part, in both loops.
 TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
-  const auto profiles = lesson16::profile_loops(first_images(train()), kTestSteps, torch::kCPU);
+  const auto& profiles = cpu_profiles(train());
   for (const auto* result : {profiles.tutorial.get(), profiles.fast.get()}) {
     const lesson16::LoopFacts facts = lesson16::facts_of(lesson16::events_of(*result));
     for (const std::string& part : lesson16::kParts) EXPECT_EQ(facts.ranges.at(part), kTestSteps);
@@ -44,7 +52,7 @@ TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
 // in lesson 11's; lesson 05's loop calls .to(device) on each batch of images, which copies
 // nothing on the CPU; Adam's last operator once per parameter tensor against once.
 TEST_F(ProfileTest, CountsOnTheCpu) {
-  const auto profiles = lesson16::profile_loops(first_images(train()), kTestSteps, torch::kCPU);
+  const auto& profiles = cpu_profiles(train());
   const auto t = lesson16::facts_of(lesson16::events_of(*profiles.tutorial));
   const auto f = lesson16::facts_of(lesson16::events_of(*profiles.fast));
   EXPECT_EQ(t.item_reads, kTestSteps);
@@ -105,7 +113,7 @@ TEST(TraceFile, OnePerLoop) {
 
 // Tests that the traces are written, and hold each step's ranges as trace events.
 TEST_F(ProfileTest, TraceHoldsTheRanges) {
-  const auto profiles = lesson16::profile_loops(first_images(train()), kTestSteps, torch::kCPU);
+  const auto& profiles = cpu_profiles(train());
   course::TemporaryFolder folder("lesson16");
   const std::string file = (folder.path() / "trace.json").string();
   course::save_chrome_trace(*profiles.tutorial, file);
