@@ -35,10 +35,12 @@ std::string hint_for(const std::string& message) {
   // CUDA asked for where there is none. A CPU-only LibTorch (Debian's 1.13) says "not linked"
   // for .cuda() and "Could not run '...' with arguments from the 'CUDA' backend" for a tensor
   // made there (torch::load of a file saved on a GPU makes its tensors with aten::empty_strided);
-  // a LibTorch with CUDA on a machine without a GPU or driver fails in the CUDA runtime.
+  // a LibTorch with CUDA on a machine without a GPU or driver fails in the CUDA runtime, and
+  // says "No CUDA GPUs are available" where the driver is there but CUDA_VISIBLE_DEVICES hides
+  // every GPU (2.11, seen loading a file saved on an H200).
   if (has("not linked with support for cuda") || has("from the 'CUDA' backend") ||
       has("Found no NVIDIA driver") || has("CUDA driver version is insufficient") ||
-      has("no CUDA-capable device is detected")) {
+      has("no CUDA-capable device is detected") || has("No CUDA GPUs are available")) {
     return "this LibTorch or this machine has no CUDA, and the program asked for it: a .cuda() "
            "or .to(torch::kCUDA) (choose the device once, torch::cuda::is_available() ? "
            "torch::kCUDA : torch::kCPU, and write .to(device) everywhere), or a file saved on a "

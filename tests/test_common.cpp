@@ -930,6 +930,8 @@ TEST(Hints, NameEachOfLessonFoursMistakes) {
       "selective/custom build process (if using custom build).",
       "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
       "installed a driver from http://www.nvidia.com/Download/index.aspx",
+      // The same load by 2.11 on a GPU machine whose GPUs CUDA_VISIBLE_DEVICES hides (H200).
+      "No CUDA GPUs are available",
       // torch::load(model, path) of a file saved on a GPU, no device named: 1.13 (2.11 without
       // a GPU says "Found no NVIDIA driver", above).
       "Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend. This could be "

@@ -223,7 +223,7 @@ TEST_F(CudaTest, WeightsMoveBetweenCpuAndCuda) {
   on_gpu->to(device);
   auto optimizer = adam_for(on_gpu);
   torch::nn::functional::cross_entropy(on_gpu->forward(torch::rand({64, 1, 28, 28}, device)),
-                                       torch::randint(0, 10, {64}, device))
+                                       torch::randint(0, 10, {64}, torch::TensorOptions(device).dtype(torch::kLong)))
       .backward();
   optimizer->step();
   lesson10::save_weights(on_gpu, scratch.file("gpu.pt"));

@@ -479,7 +479,7 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   Scratch scratch;
   Training on_gpu = lesson12::new_training(device, lesson12::kSeed);
   torch::nn::functional::cross_entropy(on_gpu.model->forward(torch::rand({64, 784}, device)),
-                                       torch::randint(0, 10, {64}, device))
+                                       torch::randint(0, 10, {64}, torch::TensorOptions(device).dtype(torch::kLong)))
       .backward();
   on_gpu.optimizer.step();
   Progress progress = fresh_progress();
