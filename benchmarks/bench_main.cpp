@@ -30,7 +30,7 @@ double seconds_of(const c10::Device& device, const std::function<void()>& work, 
 
 void run_timed(benchmark::State& state, const c10::Device& device,
                const std::function<void()>& work, int calls_per_sync) {
-  constexpr double kMinSeconds = 1e-3;  // per iteration, on CUDA: sync and launch latency < 1%
+  constexpr double kMinSeconds = 1e-3;  // per clock reading, on CUDA: sync and launch < 1%
   constexpr int kMaxCalls = 1024;
   work();  // warm-up: kernel selection, allocator caches, lazy initialization
   course::synchronize(device);
@@ -38,7 +38,28 @@ void run_timed(benchmark::State& state, const c10::Device& device,
   if (calls_per_sync <= 0 && device.is_cuda()) {
     while (calls < kMaxCalls && seconds_of(device, work, calls) < kMinSeconds) calls *= 2;
   }
-  for (auto _ : state) state.SetIterationTime(seconds_of(device, work, calls) / calls);
+  // One iteration is one call, so that the Time column and --benchmark_min_time mean what they
+  // say (an iteration that ran `calls` calls but reported one call's time made a run `calls`
+  // times longer than asked: seen on an H200, where calls reached 128). The clock is read after
+  // every `calls`-th call and the last, after a synchronize; that batch's time goes to the
+  // iteration that ends it and 0 to the others, and the library adds them up.
+  using Clock = std::chrono::steady_clock;
+  benchmark::IterationCount done = 0;
+  int pending = 0;
+  Clock::time_point start = Clock::now();
+  for (auto _ : state) {
+    work();
+    ++done;
+    if (++pending < calls && done < state.max_iterations) {
+      state.SetIterationTime(0.0);
+      continue;
+    }
+    course::synchronize(device);  // the GPU runs asynchronously: wait before reading the clock
+    const Clock::time_point now = Clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(now - start).count());
+    start = now;
+    pending = 0;
+  }
   state.counters["calls_per_sync"] = benchmark::Counter(calls, benchmark::Counter::kAvgThreads);
 }
 
