@@ -27,7 +27,7 @@ found=$(sed -n 's/^GPU_LESSONS_PYTHON_TORCH:INTERNAL=//p' "$out/fresh-build/CMak
 [ "$found" = "$python" ] || fail "a fresh configure found the Python '$found', not $python"
 rm -rf "$out/fresh-build"
 
-"$root/scripts/gpu-pass" "$out/pass" --device cpu --quick --build-dir "$build"; rc=$?
+"$root/scripts/gpu-pass" "$out/pass" --device cpu --quick --build-dir "$build" --deadline 1500; rc=$?
 [ $rc -eq 0 ] || fail "gpu-pass exited $rc"
 summary=$out/pass/summary.txt
 [ -f "$summary" ] || fail "no summary.txt"
