@@ -20,8 +20,9 @@ bool gpu_or_skip(benchmark::State& state, c10::Device& device);
 /// microseconds) rather than the work. So the clock is read once per `calls_per_sync` calls,
 /// run back to back as a training loop queues them, after one synchronize; an iteration is one
 /// call, and the time reported is the time per call. 0 picks the count whose calls last at least
-/// a millisecond together (at most 1024). The JSON's `calls_per_sync` counter says what was used. Callers that must make the same number
-/// of calls on every thread (collectives) pass a fixed count.
+/// a millisecond together (at most 1024). The JSON's `calls_per_sync` counter says what was used.
+/// Callers that must make the same number of calls on every thread (collectives) pass a fixed
+/// count.
 void run_timed(benchmark::State& state, const c10::Device& device,
                const std::function<void()>& work, int calls_per_sync = 0);
 

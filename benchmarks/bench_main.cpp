@@ -40,14 +40,16 @@ void run_timed(benchmark::State& state, const c10::Device& device,
   }
   // One iteration is one call, so that the Time column and --benchmark_min_time mean what they
   // say (an iteration that ran `calls` calls but reported one call's time made a run `calls`
-  // times longer than asked: seen on an H200, where calls reached 128). The clock is read after
-  // every `calls`-th call and the last, after a synchronize; that batch's time goes to the
-  // iteration that ends it and 0 to the others, and the library adds them up.
+  // times longer than asked: seen on an H200, where calls reached 128). The clock is read before
+  // the first call of a batch and, after a synchronize, after its `calls`-th call or the run's
+  // last; that batch's time goes to the iteration that ends it and 0 to the others, and the
+  // library adds them up.
   using Clock = std::chrono::steady_clock;
   benchmark::IterationCount done = 0;
   int pending = 0;
-  Clock::time_point start = Clock::now();
+  Clock::time_point start;
   for (auto _ : state) {
+    if (pending == 0) start = Clock::now();  // a batch begins (after the threads' start barrier)
     work();
     ++done;
     if (++pending < calls && done < state.max_iterations) {
@@ -55,9 +57,7 @@ void run_timed(benchmark::State& state, const c10::Device& device,
       continue;
     }
     course::synchronize(device);  // the GPU runs asynchronously: wait before reading the clock
-    const Clock::time_point now = Clock::now();
-    state.SetIterationTime(std::chrono::duration<double>(now - start).count());
-    start = now;
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
     pending = 0;
   }
   state.counters["calls_per_sync"] = benchmark::Counter(calls, benchmark::Counter::kAvgThreads);

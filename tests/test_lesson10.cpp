@@ -222,8 +222,9 @@ TEST_F(CudaTest, WeightsMoveBetweenCpuAndCuda) {
   ANN on_gpu;
   on_gpu->to(device);
   auto optimizer = adam_for(on_gpu);
+  const auto labels = torch::TensorOptions(device).dtype(torch::kLong);  // a device alone: floats
   torch::nn::functional::cross_entropy(on_gpu->forward(torch::rand({64, 1, 28, 28}, device)),
-                                       torch::randint(0, 10, {64}, torch::TensorOptions(device).dtype(torch::kLong)))
+                                       torch::randint(0, 10, {64}, labels))
       .backward();
   optimizer->step();
   lesson10::save_weights(on_gpu, scratch.file("gpu.pt"));

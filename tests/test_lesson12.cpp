@@ -478,8 +478,9 @@ TEST_F(CheckpointTest, StoragesRecordedOnCudaLoadOnTheCpu) {
 TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
   Scratch scratch;
   Training on_gpu = lesson12::new_training(device, lesson12::kSeed);
+  const auto labels = torch::TensorOptions(device).dtype(torch::kLong);  // a device alone: floats
   torch::nn::functional::cross_entropy(on_gpu.model->forward(torch::rand({64, 784}, device)),
-                                       torch::randint(0, 10, {64}, torch::TensorOptions(device).dtype(torch::kLong)))
+                                       torch::randint(0, 10, {64}, labels))
       .backward();
   on_gpu.optimizer.step();
   Progress progress = fresh_progress();

@@ -87,7 +87,8 @@ TEST_F(CudaTest, ActivationCheckpointingSameGradients) {
   lesson13::DeepMlp model(2 * lesson13::kSegment, 128);
   model->to(device);
   const torch::Tensor x = torch::randn({64, 128}, device);
-  const torch::Tensor y = torch::randint(0, 10, {64}, torch::TensorOptions(device).dtype(torch::kLong));
+  const auto labels = torch::TensorOptions(device).dtype(torch::kLong);  // a device alone: floats
+  const torch::Tensor y = torch::randint(0, 10, {64}, labels);
   const auto plain = lesson13::step_gradients(model, x, y, false, 7);
   const auto kept = lesson13::step_gradients(model, x, y, true, 7);
   EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), 1e-5);
