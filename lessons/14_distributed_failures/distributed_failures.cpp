@@ -281,8 +281,7 @@ void meet_the_others(c10d::Store& store, const course::RankInfo& info, const tor
 //! [meet-the-others]
 
 // ---- collectives with a deadline, on NCCL too ---------------------------------------------------
-// The NCCL path has run on one GPU (an H200: a job of one rank, and the two refusals above); a
-// rank killed in an NCCL job needs two GPUs and has not run.
+// NCCL has run on one GPU (an H200); a rank killed in an NCCL job needs two and has not run.
 // Lesson 09's group, with NCCL's watchdog set to twice `timeout`: a last resort behind
 // wait_within(), which gives up first and says so.
 c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
@@ -514,9 +513,8 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
   std::printf("Jobs of 2 ranks on this host, --quick --timeout %d%s\n", timeout_s,
               have09 ? "" : " (no lesson 09 beside this program)");
   for (const Failure& f : kFailures) {
-    std::cout << std::flush;  // what came before, so that a stopped job's transcript shows it
     std::printf("\n-- %s\n", f.what);
-    std::fflush(stdout);
+    std::fflush(stdout);  // all printed so far (std::cout writes through stdout): a stopped run
     if (f.gpus > 0 && (device == "cpu" || course::cuda_device_count() < f.gpus)) {
       std::printf("   (skipped: needs %d GPU(s), --device cuda)\n", f.gpus);
       continue;
