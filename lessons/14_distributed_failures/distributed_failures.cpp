@@ -448,7 +448,7 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
 // ---- run plainly: jobs of two ranks, one of them failed -----------------------------------------
 //! [failures]
 // One way to fail a job of two ranks, and how this lesson's other rank must end: counted from the
-// signal (or start), after 0.9 x waits x --timeout; a failure by max(1, waits) x --timeout + slack.
+// signal (or start), after 0.5 x waits x --timeout; a failure by max(1, waits) x --timeout + slack.
 struct Failure {
   const char* what;        // the case, as printed
   std::vector<int> ranks;  // the ranks started: a rank left out never arrives
@@ -535,7 +535,7 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
       });
       const double waited = e.seconds / timeout_s;  // no sooner than its wait, never much later
       verdict.check(
-          ended && line.find(f.says) != std::string::npos && waited >= 0.9 * f.waits &&
+          ended && line.find(f.says) != std::string::npos && waited >= 0.5 * f.waits &&
               (f.code == 0 || e.seconds <= std::max(1.0, f.waits) * timeout_s + kSlackSeconds),
           std::string(f.what) + ": exit " + std::to_string(f.code) + ", \"" + f.says + "\"");
     }
