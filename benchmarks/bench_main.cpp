@@ -2,6 +2,8 @@
 // records LibTorch's version, threads and GPU in the JSON context.
 #include "bench.h"
 
+#include <cstdlib>
+
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
@@ -69,6 +71,13 @@ int main(int argc, char** argv) {
   at::set_num_threads(course::available_cores());
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
+  // What the threads run on: the cores this process may use (its affinity, at most its quota),
+  // and how OpenMP's idle threads wait (spinning takes a core from a thread with work).
+  benchmark::AddCustomContext("cores", std::to_string(course::available_cores()));
+  benchmark::AddCustomContext("cpu_quota_cores", std::to_string(course::cpu_quota_cores()));
+  for (const char* name : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}) {
+    if (const char* value = std::getenv(name)) benchmark::AddCustomContext(name, value);
+  }
   benchmark::AddCustomContext("cuda_device", course::cuda_device_count() > 0
                                                  ? course::describe(c10::Device(c10::kCUDA, 0))
                                                  : "none (" + course::why_no_cuda() + ")");

@@ -1,13 +1,15 @@
 // cli.cpp: CLI11 behind a small interface, and the start of every lesson.
 #include "common/cli.h"
 
+#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
 #include <sched.h>
 
+#include <CLI/CLI.hpp>  // defines: CLI::App
+#include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <iostream>
 #include <thread>
-
-#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
-#include <CLI/CLI.hpp>      // defines: CLI::App
 
 #include "common/device.h"
 #include "common/memory.h"
@@ -28,7 +30,8 @@ Cli::Cli(const std::string& program, const std::string& description, CommonOptio
   app.add_option("--device", options.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--seed", options.seed, "random seed")->capture_default_str();
   app.add_flag("--quick", options.quick, "a few seconds of work (smoke tests)");
-  app.add_option("--threads", options.threads, "CPU threads for LibTorch (0 = all cores)")
+  app.add_option("--threads", options.threads,
+                 "CPU threads for LibTorch (0 = all cores; at most the cores)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
 }
@@ -85,10 +88,49 @@ std::optional<int> Cli::parse(int argc, char** argv) {
   return std::nullopt;
 }
 
+namespace {
+// The quota in `dir`, in cores (0: none): cgroup v2's cpu.max ("QUOTA PERIOD", or "max PERIOD"),
+// else v1's cpu.cfs_quota_us and cpu.cfs_period_us (a quota of -1 for none).
+double quota_in(const std::string& dir) {
+  double quota = 0, period = 0;
+  std::ifstream v2(dir + "/cpu.max");
+  std::string first;
+  if (v2 >> first >> period)
+    return first == "max" || period <= 0 ? 0 : std::atof(first.c_str()) / period;
+  std::ifstream q(dir + "/cpu.cfs_quota_us"), p(dir + "/cpu.cfs_period_us");
+  return q >> quota && p >> period && quota > 0 && period > 0 ? quota / period : 0;
+}
+}  // namespace
+
+int cpu_quota_cores(const std::string& cgroup_root, const std::string& self_cgroup) {
+  // This process's cgroup, from the line "0::/PATH" (v2) or "N:cpu,...:/PATH" (v1) of
+  // /proc/self/cgroup; each folder from it up to the root may hold a quota, and the smallest holds.
+  std::ifstream lines(self_cgroup);
+  std::string line, v1, v2;
+  while (std::getline(lines, line)) {
+    const auto colon = line.find(':'), second = line.find(':', colon + 1);
+    if (colon == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(colon + 1, second - colon - 1) + ",";
+    if (controllers == ",,") v2 = line.substr(second + 1);
+    if (controllers.find(",cpu,") != std::string::npos) v1 = "/cpu" + line.substr(second + 1);
+  }
+  const std::string path = v1.empty() ? v2 : v1;  // a v1 cpu controller is where the quota is
+  double cores = 0;
+  for (std::string dir = path;; dir = dir.substr(0, dir.rfind('/'))) {
+    const double here = quota_in(cgroup_root + dir);
+    if (here > 0 && (cores == 0 || here < cores)) cores = here;
+    if (dir.empty() || dir.rfind('/') == std::string::npos) break;
+  }
+  if (cores == 0) cores = std::max(quota_in(cgroup_root), quota_in(cgroup_root + "/cpu"));
+  return cores > 0 ? std::max(1, static_cast<int>(std::ceil(cores))) : 0;
+}
+
 int available_cores() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+  const int quota = cpu_quota_cores();
+  return quota > 0 ? std::min(cores, quota) : cores;
 }
 
 CpuThreads::CpuThreads(int threads) : previous_(at::get_num_threads()) {
@@ -101,7 +143,11 @@ CpuThreads::~CpuThreads() {
 
 c10::Device start_lesson(const CommonOptions& options) {
   // LibTorch 1.13 starts with one intra-op thread on a 2-core machine; the course uses them all.
-  at::set_num_threads(options.threads > 0 ? options.threads : available_cores());
+  // More threads than cores never help: at the end of each operator every thread waits for the
+  // slowest, and a thread that has no core waits for one (bench_training's BM_TrainStepThreadsCpu
+  // measures it). So --threads is held to the cores, and says so.
+  const int cores = available_cores();
+  at::set_num_threads(options.threads > 0 ? std::min(options.threads, cores) : cores);
   const DeviceChoice choice = resolve_device(options.device);
   // Count CPU allocations from here on, so lessons can report CPU memory like CUDA memory.
   install_counting_cpu_allocator();
@@ -109,6 +155,10 @@ c10::Device start_lesson(const CommonOptions& options) {
   if (!choice.fallback.empty()) {
     std::cout << "  note: --device " << choice.requested << " runs on the CPU: " << choice.fallback
               << std::endl;
+  }
+  if (options.threads > cores) {
+    std::cout << "  note: --threads " << options.threads << " is more than the " << cores
+              << " cores this process may use; LibTorch runs " << cores << std::endl;
   }
   return choice.device;
 }

@@ -57,7 +57,13 @@ class Cli {
 /// always the lesson's first line, plus the reason when a CUDA request fell back to the CPU.
 c10::Device start_lesson(const CommonOptions& options);
 
-/// The number of CPU cores this process may use.
+/// The CPU time a quota gives this process, in cores rounded up: the smallest quota of its cgroup
+/// and the cgroups above it (cgroup v2's cpu.max, else v1's cfs_quota_us over cfs_period_us), as
+/// /proc/self/cgroup names them under `cgroup_root`; 0 when there is none.
+int cpu_quota_cores(const std::string& cgroup_root = "/sys/fs/cgroup",
+                    const std::string& self_cgroup = "/proc/self/cgroup");
+/// The number of CPU cores this process may use: those it may run on (its affinity), at most its
+/// CPU quota.
 int available_cores();
 
 /// Sets LibTorch's CPU thread count for a scope and puts the previous one back at its end;

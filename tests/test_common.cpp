@@ -12,6 +12,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -124,6 +125,46 @@ TEST(CpuThreads, SetsForAScopeAndRestores) {
     EXPECT_EQ(at::get_num_threads(), other);
   }
   EXPECT_EQ(at::get_num_threads(), before);
+}
+
+// A cgroup tree under a temporary folder: each (folder, file, text) a file in it, and `self` (when
+// not empty) what /proc/self/cgroup would say; returns that file's path.
+std::string cgroup_tree(const course::TemporaryFolder& root, const std::string& self,
+                        const std::vector<std::array<std::string, 3>>& files) {
+  for (const auto& [folder, file, text] : files) {
+    std::filesystem::create_directories(root.path() / folder);
+    std::ofstream(root.file(folder + "/" + file)) << text << "\n";
+  }
+  if (!self.empty()) std::ofstream(root.file("self")) << self;
+  return root.file("self");
+}
+
+// Tests that a cgroup v2 quota is read in this process's cgroup and the ones above it, the
+// smallest taken and rounded up to whole cores; "max" is no quota.
+TEST(CpuQuota, CgroupV2SmallestUpTheTree) {
+  course::TemporaryFolder root("cgroup-v2-");
+  const std::string self = cgroup_tree(root, "0::/box/job\n",
+                                       {{"box", "cpu.max", "250000 100000"},
+                                        {"box/job", "cpu.max", "max 100000"}});
+  EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 3);  // 2.5 cores: 3 threads
+  cgroup_tree(root, "", {{"box/job", "cpu.max", "150000 100000"}});
+  EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 2);
+  cgroup_tree(root, "", {{"box", "cpu.max", "max 100000"}, {"box/job", "cpu.max", "max 100000"}});
+  EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 0);
+}
+
+// Tests that a cgroup v1 quota is read in the cpu controller's tree (a hybrid machine lists a v2
+// line too), -1 is none, and no cgroup files at all is no quota.
+TEST(CpuQuota, CgroupV1CpuControllerAndNone) {
+  course::TemporaryFolder root("cgroup-v1-");
+  const std::string self = cgroup_tree(root, "4:memory:/x\n2:cpu,cpuacct:/job\n0::/\n",
+                                       {{"cpu/job", "cpu.cfs_quota_us", "400000"},
+                                        {"cpu/job", "cpu.cfs_period_us", "100000"}});
+  EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 4);
+  cgroup_tree(root, "", {{"cpu/job", "cpu.cfs_quota_us", "-1"}});
+  EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 0);
+  EXPECT_EQ(course::cpu_quota_cores(root.path().string() + "/none", root.file("no-such")), 0);
+  EXPECT_GE(course::available_cores(), 1);
 }
 
 TEST(FormatBytes, Units) {
