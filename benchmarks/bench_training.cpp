@@ -4,7 +4,9 @@
 // loader also with 0, 1 and 2 worker threads), an epoch of the flat and of the manual form, and
 // (GPU) an epoch of lesson 15's step captured in a CUDA graph, at batch 64; the training step
 // alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 15's
-// step eager against captured in a CUDA graph (batch 64 and 1024).
+// step eager against captured in a CUDA graph (batch 64 and 1024); an epoch of lesson 17's fused
+// form, and (GPU) of its whole epoch in one CUDA graph; the CPU step with 1, 2, 4 and 16 LibTorch
+// threads (what more threads than cores cost).
 // GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_training --benchmark_out=training.json --benchmark_out_format=json
@@ -14,10 +16,13 @@
 
 #include "bench.h"
 #include "common/data.h"
-// Lessons 05, 11 and 15 are one file each with its own main(): their functions, without the mains.
+#include "common/cli.h"  // defines: CpuThreads, available_cores
+// Lessons 05, 11, 15 and 17 are one file each with its own main(): their functions, without the
+// mains.
 #define GPU_LESSONS_NO_MAIN
 #include "cuda_graphs.cpp"
 #include "fast_training_loop.cpp"
+#include "fastest_epoch.cpp"
 #include "training_loop.cpp"
 
 namespace {
@@ -66,6 +71,20 @@ void train_step(benchmark::State& state, const c10::Device& device) {
 }
 
 void BM_TrainStepCpu(benchmark::State& state) { train_step(state, torch::kCPU); }
+
+// The tutorial's step on the CPU with `threads` LibTorch threads, whatever the cores: more threads
+// than cores take turns on them, and each waits for the slowest at every operator's end.
+void BM_TrainStepThreadsCpu(benchmark::State& state) {
+  course::CpuThreads threads(static_cast<int>(state.range(0)));
+  const std::int64_t batch = state.range(1);
+  const torch::Tensor images = torch::rand({batch, 784});
+  const torch::Tensor labels = torch::randint(10, {batch}, torch::kLong);
+  lesson11::Trainer trainer = lesson11::make_trainer(torch::kCPU, lesson11::kSeed);
+  bench::run_timed(state, torch::kCPU,
+                   [&] { lesson11::tutorial_step(trainer, lesson11::Batch{images, labels}); });
+  state.SetLabel(std::to_string(course::available_cores()) + " cores");
+  state.SetItemsProcessed(state.iterations() * batch);
+}
 void BM_TrainStepCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (bench::gpu_or_skip(state, device)) train_step(state, device);
@@ -169,6 +188,36 @@ void BM_GraphedEpochCuda(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * batches.count() * lesson15::kBatchSize);
 }
 
+// ---- one epoch of lesson 17's fused form, eager or its whole epoch in one CUDA graph -------------
+void fused_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
+  const course::ImageSet* data = train_set(state);
+  if (data == nullptr) return;
+  lesson17::FlatTrainer trainer = lesson17::make_flat_trainer(device, lesson17::kSeed);
+  lesson17::DeviceShuffler shuffler(*data, device);
+  lesson17::EpochData epoch(data->labels.size(0), lesson17::kBatchSize, device);
+  std::optional<lesson17::GraphedEpoch> graph;
+  const lesson17::Step step = [&](auto& x, auto& y, auto l) {
+    lesson17::fused_step(trainer, x, y, l);
+  };
+  bench::run_timed(state, device, [&] {
+    if (graphed) {
+      lesson17::graphed_epoch(shuffler, epoch, trainer, graph, device);
+    } else {
+      lesson17::resident_epoch(shuffler, epoch, device, step);
+    }
+  });
+  state.SetLabel(graphed ? "fused, graphed" : "fused");
+  state.SetItemsProcessed(state.iterations() * data->labels.size(0));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(kTrainFlopsPerSample * static_cast<double>(data->labels.size(0)),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+void BM_FusedEpochCpu(benchmark::State& state) { fused_epoch(state, torch::kCPU, false); }
+void BM_FusedEpochCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) fused_epoch(state, device, state.range(0) != 0);
+}
+
 // ---- one epoch of lesson 05's loop: LibTorch's data loader (RandomSampler, Stack<>, workers) ---
 void tutorial_epoch(benchmark::State& state, const c10::Device& device) {
   const course::ImageSet* data = train_set(state);
@@ -203,6 +252,11 @@ void BM_EpochCuda(benchmark::State& state) {
 BENCHMARK(BM_TrainStepCpu)
     ->ArgNames({"flat", "batch"})
     ->ArgsProduct({{0, 1}, {64, 256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TrainStepThreadsCpu)
+    ->ArgNames({"threads", "batch"})
+    ->ArgsProduct({{1, 2, 4, 16}, {64, 1024}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TrainStepCuda)
@@ -263,5 +317,16 @@ BENCHMARK(BM_ManualEpochCuda)
 BENCHMARK(BM_GraphedEpochCuda)
     ->ArgNames({"batch"})
     ->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FusedEpochCpu)
+    ->ArgNames({"batch"})
+    ->Arg(64)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FusedEpochCuda)
+    ->ArgNames({"graphed"})
+    ->Arg(0)
+    ->Arg(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

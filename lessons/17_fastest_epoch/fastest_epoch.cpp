@@ -1,0 +1,600 @@
+// Lesson 17 (going further) — the fastest epoch: the tutorial's training (lesson 05's ANN, batch
+// 64, Adam at 1e-3, a new shuffle each epoch, 5 epochs) with the fewest operators per step and
+// no host in the loop. A step of this model is small (29 MFLOP per batch of 64); what costs is
+// its operators: on a GPU each is a kernel the host launches and the GPU finishes in microseconds,
+// on a CPU each pays microseconds of dispatch. The way to the floor is fewer operators.
+//
+// You will learn, form by form (--run NAME), each checked against the form before it:
+//   - "tutorial": lesson 05's loop (common/ann.h): LibTorch's DataLoader, each batch moved with
+//     .to(device), autograd, Adam over six parameter tensors, loss.item() every step;
+//   - "resident": the same step; the dataset on the device, shuffled there once per epoch (each
+//     batch then a slice: no gather, no copy), each step's loss kept on the device;
+//   - "fused": lesson 11's "manual" form (one flat parameter tensor, the backward pass written out
+//     into the gradients' own memory) in fewer operators: linear + ReLU as one, the loss's
+//     gradient in two, results written into memory made once, LibTorch's fused Adam;
+//   - "graphed": on CUDA, the fused form's whole epoch captured in one CUDA graph and replayed
+//     once per epoch: one launch for about twenty thousand kernels.
+//
+// Run:    build/bin/lesson17_fastest_epoch [--device ...] [--epochs N] [--quick] [--data-dir DIR]
+//           [--run all|tutorial|resident|fused|graphed]
+// Checks: fused's steps equal the tutorial's, graphed's fused's (CUDA), within kStepTolerance; on
+//         the CPU resident's epochs equal the tutorial's; each test accuracy >= kAccuracyBar (or
+//         kQuickAccuracyBar). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, at::_addmm_activation_out, ...
+
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <optional>
+
+#ifdef GPU_LESSONS_WITH_CUDA         // CMake defines it when this LibTorch has CUDA
+#include <ATen/cuda/CUDAGraph.h>     // defines: at::cuda::CUDAGraph (capture, replay)
+#include <c10/cuda/CUDAFunctions.h>  // defines: c10::cuda::device_synchronize, C10_CUDA_CHECK
+#include <c10/cuda/CUDAGuard.h>      // defines: c10::cuda::CUDAStreamGuard
+#include <c10/cuda/CUDAStream.h>     // defines: c10::cuda::getStreamFromPool
+#endif
+
+#include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's)
+#include "common/cli.h"              // defines: Cli, start_lesson
+#include "common/compare.h"          // defines: tolerance_for
+#include "common/data.h"             // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/device.h"           // defines: why_no_cuda, synchronize
+#include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
+#include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
+#include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs, format
+#include "common/timing.h"           // defines: Stopwatch, time_median, count_operators
+#include "common/verdict.h"          // defines: Verdict, report_error
+#include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
+
+namespace lesson17 {
+
+// ---- knobs --------------------------------------------------------------------------------------
+//! [knobs]
+constexpr std::uint64_t kSeed = 5;       // lesson 05's: the first weights and the batches' order
+constexpr int kEpochs = 5;               // the tutorial's: for epoch in range(5)
+constexpr std::int64_t kBatchSize = 64;  // the tutorial's DataLoader(batch_size=64)
+constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.001)
+constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // Adam's defaults
+constexpr double kAccuracyBar = 0.85;  // test accuracy after kEpochs on all 60,000 images
+// --quick: one epoch on the first kQuickSamples training images; the bar is lower to match.
+constexpr int kQuickEpochs = 1;
+constexpr std::int64_t kQuickSamples = 10000;
+constexpr double kQuickAccuracyBar = 0.70;
+constexpr int kCheckSteps = 100, kQuickCheckSteps = 20;  // batches each form is checked on
+// Two forms round a last bit otherwise (another kernel, another order of a sum), and training
+// carries such bits on from step to step: ten times fp32's (common/compare.h), relative.
+constexpr double kStepTolerance = 10 * course::tolerance_for(torch::kFloat);
+constexpr double kGoalEpochMs = 25;  // the graphed epoch's goal on an H100 or H200 (printed)
+constexpr std::int64_t kPixels = 28 * 28, kClasses = 10;
+//! [knobs]
+
+using course::ANN;  // the tutorial's ANN (fc1, fc2, out): one seed, lesson 05's weights
+
+// ---- the batches: the dataset on the device, shuffled there -------------------------------------
+//! [shuffle]
+// One epoch's samples in their shuffled order, on the device: batch k is a slice of them, made
+// once (a view, no copy), so a step reads its batch where the shuffle wrote it.
+struct EpochData {
+  torch::Tensor images, labels;  // [N, 784] float32 and [N] int64, in this epoch's order
+  std::vector<torch::Tensor> batch_images, batch_labels;  // slices of 64 (the last may be fewer)
+  torch::Tensor losses;                   // [steps] float32: each step writes its loss here,
+  std::vector<torch::Tensor> loss_slots;  // into its own slot, and the epoch reads them once
+  EpochData(std::int64_t samples, std::int64_t batch_size, const torch::Device& device)
+      : images(torch::empty({samples, kPixels}, torch::TensorOptions().device(device))),
+        labels(torch::empty({samples}, torch::dtype(torch::kLong).device(device))),
+        losses(torch::zeros({(samples + batch_size - 1) / batch_size},
+                            torch::TensorOptions().device(device))) {
+    for (std::int64_t start = 0; start < samples; start += batch_size) {
+      const std::int64_t size = std::min(batch_size, samples - start);
+      batch_images.push_back(images.narrow(0, start, size));
+      batch_labels.push_back(labels.narrow(0, start, size));
+      loss_slots.push_back(losses[start / batch_size]);
+    }
+  }
+  std::int64_t steps() const { return static_cast<std::int64_t>(batch_labels.size()); }
+};
+
+// The whole training set, copied to the device once. As LibTorch's RandomSampler, it draws an
+// order as it is made and another as each epoch starts: from one seed, on the CPU, the same
+// batches as lesson 05's DataLoader. On a GPU the order is drawn by the GPU's own generator.
+class DeviceShuffler {
+ public:
+  DeviceShuffler(const course::ImageSet& train, const torch::Device& device)
+      : images_(train.images.reshape({-1, kPixels}).to(device)), labels_(train.labels.to(device)) {
+    new_order();
+  }
+  // Three operators per epoch, on the device: a new order, both gathers into `epoch` (its size).
+  void shuffle(EpochData& epoch) {
+    new_order();
+    const torch::Tensor order = order_.narrow(0, 0, epoch.images.size(0));
+    torch::index_select_out(epoch.images, images_, 0, order);
+    torch::index_select_out(epoch.labels, labels_, 0, order);
+  }
+
+ private:
+  void new_order() {
+    order_ = torch::randperm(labels_.size(0), torch::dtype(torch::kLong).device(images_.device()));
+  }
+  torch::Tensor images_, labels_, order_;
+};
+//! [shuffle]
+
+// ---- 1. "tutorial" and "resident": lesson 05's step ---------------------------------------------
+//! [tutorial-step]
+struct Trainer {  // model = ANN().to(device); optimizer = optim.Adam(model.parameters(), lr=1e-3)
+  ANN model;
+  std::unique_ptr<torch::optim::Adam> optimizer;
+};
+
+Trainer make_trainer(const torch::Device& device, std::uint64_t seed) {
+  torch::manual_seed(seed);  // every form starts from the same weights
+  Trainer trainer;
+  trainer.model->to(device);
+  trainer.optimizer = std::make_unique<torch::optim::Adam>(
+      trainer.model->parameters(), torch::optim::AdamOptions(kLearningRate));
+  return trainer;
+}
+
+// The tutorial's step on a batch already on the device. Its loss goes into `loss_out`, a slot of
+// the epoch's losses on the device: no .item(), no wait.
+void tutorial_step(Trainer& trainer, const torch::Tensor& images, const torch::Tensor& labels,
+                   torch::Tensor loss_out) {
+  trainer.model->train();
+  const torch::Tensor loss =
+      torch::nn::functional::cross_entropy(trainer.model->forward(images), labels);
+  trainer.optimizer->zero_grad();
+  loss.backward();
+  trainer.optimizer->step();
+  loss_out.copy_(loss.detach());
+}
+//! [tutorial-step]
+
+// ---- 2. "fused": the backward pass written out, in the fewest operators -------------------------
+//! [flat-trainer]
+// The fused step's results for batches of one size, made once: every operator of the step writes
+// into one of these (its out= form), so a step makes no tensor of its own. The transposed views
+// too: .t() is free for the device, but costs the host a dispatch (three operators) at every call.
+struct StepBuffers {
+  torch::Tensor h1, h2, logits, log_probs, d_out, d_h2, d_h1;
+  torch::Tensor minus_ones, ones;         // -1 at each label (softmax - one_hot); ones: d^T ones
+  torch::Tensor total_weight;             // what the loss divides by (B): nll_loss's second result
+  torch::Tensor d_out_t, d_h2_t, d_h1_t;  // d_out.t(), d_h2.t(), d_h1.t()
+};
+
+struct FlatTrainer {  // the model's parameters in flat.values, their gradients in flat.gradients
+  ANN model;
+  course::FlatParameters flat;
+  torch::Tensor fc1_t, fc2_t, out_t;              // the weights transposed: views, made once
+  torch::Tensor exp_avg, exp_avg_sq, step;        // Adam's state, on the device
+  std::unique_ptr<torch::optim::Adam> optimizer;  // where LibTorch has no fused Adam for the device
+  std::map<std::int64_t, StepBuffers> buffers;    // per batch size
+};
+
+FlatTrainer make_flat_trainer(const torch::Device& device, std::uint64_t seed) {
+  torch::manual_seed(seed);  // the tutorial's first weights
+  FlatTrainer t;
+  t.model->to(device);
+  t.flat = course::flatten_parameters(*t.model);  // each parameter a view into one tensor
+  t.fc1_t = t.model->fc1->weight.t(), t.fc2_t = t.model->fc2->weight.t();
+  t.out_t = t.model->out->weight.t();
+  t.optimizer = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{t.flat.values},
+                                                     torch::optim::AdamOptions(kLearningRate));
+  t.exp_avg = torch::zeros_like(t.flat.values);
+  t.exp_avg_sq = torch::zeros_like(t.flat.values);
+  t.step = torch::zeros({}, t.flat.values.options());  // float32, as Python's fused Adam
+  return t;
+}
+
+// Whether LibTorch has a fused Adam kernel for `device`: CUDA's since 1.13, the CPU's since 2.4;
+// without one the fused form keeps LibTorch's Adam over the one flat tensor, and says so.
+bool has_fused_adam(const torch::Device& device) {
+  return device.is_cuda() || GPU_LESSONS_TORCH_AT_LEAST(2, 4);
+}
+
+StepBuffers& buffers_for(FlatTrainer& trainer, std::int64_t rows) {
+  StepBuffers& b = trainer.buffers[rows];
+  if (!b.h1.defined()) {
+    const auto on = trainer.flat.values.options();
+    b.h1 = torch::empty({rows, 128}, on), b.d_h1 = torch::empty({rows, 128}, on);
+    b.h2 = torch::empty({rows, 64}, on), b.d_h2 = torch::empty({rows, 64}, on);
+    b.logits = torch::empty({rows, kClasses}, on), b.log_probs = torch::empty_like(b.logits);
+    b.d_out = torch::empty_like(b.logits);
+    b.minus_ones = torch::full({rows, 1}, -1.0, on), b.ones = torch::ones({rows}, on);
+    b.total_weight = torch::empty({}, on);
+    b.d_out_t = b.d_out.t(), b.d_h2_t = b.d_h2.t(), b.d_h1_t = b.d_h1.t();
+  }
+  return b;
+}
+//! [flat-trainer]
+
+//! [fused-step]
+void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tensor& labels,
+                torch::Tensor loss_out) {
+  torch::NoGradGuard no_grad;
+  ANN& model = trainer.model;
+  const std::int64_t rows = x.size(0);
+  StepBuffers& b = buffers_for(trainer, rows);
+  // >>> lab: the forward pass: each Linear + ReLU as one operator, into b.h1 and b.h2
+  at::_addmm_activation_out(b.h1, model->fc1->bias, x, trainer.fc1_t);  // relu(x W1^T + b1)
+  at::_addmm_activation_out(b.h2, model->fc2->bias, b.h1, trainer.fc2_t);
+  // <<< lab
+  torch::addmm_out(b.logits, model->out->bias, b.h2, trainer.out_t);
+  at::_log_softmax_out(b.log_probs, b.logits, /*dim=*/1, /*half_to_float=*/false);
+  at::nll_loss_forward_out(loss_out, b.total_weight, b.log_probs, labels, /*weight=*/{},
+                           at::Reduction::Mean, /*ignore_index=*/-100);  // = cross_entropy
+  // The loss's gradient times B, softmax - one_hot(labels), in two operators; the 1/B rides on
+  // the three products that read it (their alpha), not on an operator of its own.
+  // >>> lab: b.d_out = softmax - one_hot(labels), in two operators (exp_out, scatter_add_)
+  at::exp_out(b.d_out, b.log_probs);
+  b.d_out.scatter_add_(/*dim=*/1, labels.view({-1, 1}), b.minus_ones);
+  // <<< lab
+  const double inv_rows = 1.0 / static_cast<double>(rows);
+  torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
+  at::addmm_out(grad = model->out->weight.grad(), grad, b.d_out_t, b.h2, /*beta=*/0, inv_rows);
+  at::addmv_out(grad = model->out->bias.grad(), grad, b.d_out_t, b.ones, /*beta=*/0, inv_rows);
+  at::addmm_out(b.d_h2, b.d_h2, b.d_out, model->out->weight, /*beta=*/0, inv_rows);
+  at::threshold_backward_out(b.d_h2, b.d_h2, b.h2, /*threshold=*/0);  // ReLU's backward: h2 > 0
+  torch::mm_out(grad = model->fc2->weight.grad(), b.d_h2_t, b.h1);
+  torch::sum_out(grad = model->fc2->bias.grad(), b.d_h2, /*dim=*/0);
+  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);
+  at::threshold_backward_out(b.d_h1, b.d_h1, b.h1, /*threshold=*/0);
+  torch::mm_out(grad = model->fc1->weight.grad(), b.d_h1_t, x);  // the images need no gradient
+  torch::sum_out(grad = model->fc1->bias.grad(), b.d_h1, /*dim=*/0);
+  if (!has_fused_adam(x.device())) {
+    trainer.optimizer->step();  // LibTorch's Adam over the one flat tensor
+    return;
+  }
+  // >>> lab: Adam in one operator: count the step on the device, then at::_fused_adam_
+  trainer.step.add_(1);  // the step count on the device: a graph replays this, not a host number
+  at::_fused_adam_({trainer.flat.values}, {trainer.flat.gradients}, {trainer.exp_avg},
+                   {trainer.exp_avg_sq}, /*max_exp_avg_sqs=*/{}, {trainer.step}, kLearningRate,
+                   kBeta1, kBeta2, /*weight_decay=*/0, kEpsilon, /*amsgrad=*/false,
+                   /*maximize=*/false);
+  // <<< lab
+}
+//! [fused-step]
+
+// ---- 3. "graphed": the fused epoch in one CUDA graph --------------------------------------------
+//! [graphed-epoch]
+// The fused step for every batch of `epoch`, captured once and replayed once per epoch: one launch
+// for all its kernels. The graph reads `epoch`'s images and labels and writes its losses, tensors
+// whose addresses never change: shuffle into them before replay().
+class GraphedEpoch {
+ public:
+  GraphedEpoch([[maybe_unused]] FlatTrainer& trainer, EpochData& epoch) {
+    const torch::Device device = epoch.losses.device();
+    if (!device.is_cuda())
+      throw course::CourseError("a CUDA graph needs a CUDA device, and this is " + device.str(),
+                                "run with --device cuda on a machine with a GPU");
+#ifdef GPU_LESSONS_WITH_CUDA
+    // Warm-up steps on the capture stream: cuBLAS, its workspaces and the step's buffers are made
+    // once, before the capture, which must not. They train, so the state is put back after them.
+    const std::vector<torch::Tensor> state = {trainer.flat.values, trainer.exp_avg,
+                                              trainer.exp_avg_sq, trainer.step};
+    std::vector<torch::Tensor> saved;
+    for (const auto& t : state) saved.push_back(t.clone());
+    c10::cuda::device_synchronize();
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+    {
+      c10::cuda::CUDAStreamGuard on_side_stream(side);
+      for (int round = 0; round < 2; ++round)  // the first batch and the last (it may be smaller)
+        for (const std::int64_t k : {std::int64_t{0}, epoch.steps() - 1})
+          fused_step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
+      for (size_t i = 0; i < state.size(); ++i) state[i].detach().copy_(saved[i]);
+      c10::cuda::device_synchronize();  // the capture starts from a GPU with nothing queued
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 8)  // the graph kept after the capture: its nodes can be counted
+      graph_.emplace(/*keep_graph=*/true);
+#else
+      graph_.emplace();
+#endif
+      graph_->capture_begin();  // from here kernels are recorded, not run
+      for (std::int64_t k = 0; k < epoch.steps(); ++k)
+        fused_step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
+      graph_->capture_end();
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 8)
+      C10_CUDA_CHECK(cudaGraphGetNodes(graph_->raw_cuda_graph(), nullptr, &kernels_));
+      graph_->instantiate();
+#endif
+    }
+    c10::cuda::device_synchronize();
+#endif
+  }
+  std::size_t kernels() const { return kernels_; }  // the graph's nodes (0: not counted)
+  void replay() {  // one epoch: every step's kernels, one launch from the host
+#ifdef GPU_LESSONS_WITH_CUDA
+    graph_->replay();
+#endif
+  }
+
+ private:
+  std::size_t kernels_ = 0;
+#ifdef GPU_LESSONS_WITH_CUDA
+  std::optional<at::cuda::CUDAGraph> graph_;
+#endif
+};
+//! [graphed-epoch]
+
+// ---- an epoch of each form ----------------------------------------------------------------------
+using course::EpochStats;  // an epoch's mean loss, seconds, samples, and whether Ctrl-C stopped it
+using Step = std::function<void(const torch::Tensor&, const torch::Tensor&, torch::Tensor)>;
+
+//! [resident-epoch]
+// One epoch of a resident form: the shuffle on the device, `step` on each batch (its loss into its
+// slot), then the losses read once: the one wait for the GPU, per epoch.
+EpochStats resident_epoch(DeviceShuffler& shuffler, EpochData& epoch, const torch::Device& device,
+                          const Step& step) {
+  course::Stopwatch watch(device);
+  shuffler.shuffle(epoch);
+  std::int64_t steps = 0, seen = 0;
+  while (steps < epoch.steps()) {
+    step(epoch.batch_images[steps], epoch.batch_labels[steps], epoch.loss_slots[steps]);
+    seen += epoch.batch_labels[steps++].size(0);
+    if (course::stop_requested()) break;  // Ctrl-C: the step is whole; stop here
+  }
+  const double total_loss = epoch.losses.narrow(0, 0, steps).sum(torch::kDouble).item<double>();
+  return {total_loss / static_cast<double>(steps), watch.seconds(), seen, steps < epoch.steps()};
+}
+
+// The graphed epoch: the shuffle, one replay (the capture in the first epoch, after its shuffle).
+EpochStats graphed_epoch(DeviceShuffler& shuffler, EpochData& epoch, FlatTrainer& trainer,
+                         std::optional<GraphedEpoch>& graph, const torch::Device& device) {
+  course::Stopwatch watch(device);
+  shuffler.shuffle(epoch);
+  if (!graph) graph.emplace(trainer, epoch);
+  graph->replay();
+  const double total_loss = epoch.losses.sum(torch::kDouble).item<double>();
+  return {total_loss / static_cast<double>(epoch.steps()), watch.seconds(), epoch.images.size(0),
+          false};
+}
+//! [resident-epoch]
+
+// ---- a whole run --------------------------------------------------------------------------------
+struct RunResult {
+  std::vector<EpochStats> epochs;
+  double accuracy = 0;  // on the test set, by course::test_accuracy (lesson 05's torch::max)
+};
+
+// Form `run` trained for `epochs` from the seed, then its test accuracy. Each run makes its
+// trainer, then its loader or shuffler, which draws its first order: on the CPU, from one seed,
+// every form sees the same batches.
+RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageSet& test,
+                             const std::string& run, int epochs, const torch::Device& device,
+                             std::uint64_t seed) {
+  const std::int64_t samples = train.labels.size(0);
+  const auto train_epochs = [&](const std::function<EpochStats()>& epoch) {
+    return course::run_epochs(run, epochs, samples, epoch, "nothing is saved");
+  };
+  RunResult result;
+  if (run == "tutorial" || run == "resident") {  // the model, Adam, then the loader
+    Trainer trainer = make_trainer(device, seed);
+    if (run == "tutorial") {  // lesson 05's program: LibTorch's DataLoader, 2 workers
+      auto loader = course::make_train_loader(course::FashionMNIST(train), kBatchSize, 2);
+      result.epochs = train_epochs([&]() -> EpochStats {
+        course::Stopwatch watch(device);
+        const auto [steps, loss] =
+            course::train_epoch(trainer.model, *trainer.optimizer, *loader, device);
+        return {loss, watch.seconds(), samples, false};
+      });
+    } else {
+      DeviceShuffler shuffler(train, device);
+      EpochData epoch(samples, kBatchSize, device);
+      const Step step = [&](auto& x, auto& y, auto loss) { tutorial_step(trainer, x, y, loss); };
+      result.epochs = train_epochs([&] { return resident_epoch(shuffler, epoch, device, step); });
+    }
+    result.accuracy = course::test_accuracy(trainer.model, test, device);
+    return result;
+  }
+  if (run != "fused" && run != "graphed")
+    throw course::UsageError("no form '" + run + "'", "use tutorial, resident, fused or graphed");
+  FlatTrainer trainer = make_flat_trainer(device, seed);
+  DeviceShuffler shuffler(train, device);
+  EpochData epoch(samples, kBatchSize, device);
+  std::optional<GraphedEpoch> graph;
+  const Step step = [&](auto& x, auto& y, auto loss) { fused_step(trainer, x, y, loss); };
+  result.epochs = train_epochs([&] {
+    return run == "graphed" ? graphed_epoch(shuffler, epoch, trainer, graph, device)
+                            : resident_epoch(shuffler, epoch, device, step);
+  });
+  result.accuracy = course::test_accuracy(trainer.model, test, device);
+  return result;
+}
+
+// ---- the checks: each form against the form before it, on the same batches ----------------------
+//! [check-forms]
+// Every form trains `steps` steps from the seed on the same batches (one shuffle, on the device);
+// returns each form's losses, step by step (the graphed form's only on CUDA), and `*kernels` the
+// graph's kernels per step (0 where this LibTorch cannot count them: before 2.8).
+std::map<std::string, torch::Tensor> losses_on_same_batches(const course::ImageSet& train,
+                                                            int steps, const torch::Device& device,
+                                                            std::uint64_t seed,
+                                                            double* kernels = nullptr) {
+  DeviceShuffler shuffler(train, device);
+  EpochData batches(steps * kBatchSize, kBatchSize, device);
+  shuffler.shuffle(batches);
+  std::map<std::string, torch::Tensor> losses;
+  const auto train_steps = [&](const Step& step) {
+    for (std::int64_t k = 0; k < batches.steps(); ++k)
+      step(batches.batch_images[k], batches.batch_labels[k], batches.loss_slots[k]);
+    return batches.losses.clone();
+  };
+  Trainer tutorial = make_trainer(device, seed);
+  losses["tutorial"] =
+      train_steps([&](auto& x, auto& y, auto l) { tutorial_step(tutorial, x, y, l); });
+  FlatTrainer fused = make_flat_trainer(device, seed);
+  losses["fused"] = train_steps([&](auto& x, auto& y, auto l) { fused_step(fused, x, y, l); });
+  if (device.is_cuda()) {
+    FlatTrainer graphed = make_flat_trainer(device, seed);
+    GraphedEpoch graph(graphed, batches);
+    graph.replay();  // all the steps: one replay
+    losses["graphed"] = batches.losses.clone();
+    if (kernels != nullptr) *kernels = static_cast<double>(graph.kernels()) / steps;
+    course::synchronize(device);  // the graph's memory is its own: keep it until its work is done
+  }
+  return losses;
+}
+
+// The largest relative difference between two forms' losses, step by step.
+double relative_difference(const torch::Tensor& got, const torch::Tensor& expected) {
+  return ((got - expected).abs() / expected.abs()).max().item<double>();
+}
+//! [check-forms]
+
+// ---- the floor each form is near ----------------------------------------------------------------
+// FLOPs of one training sample: the forward pass and the weights' gradients are a multiply-add
+// per weight each, the inputs' gradients one per weight of fc2 and out (the images need none).
+constexpr double kFlopsPerSample =
+    2.0 * 2 * (784 * 128 + 128 * 64 + 64 * 10) + 2.0 * (128 * 64 + 64 * 10);
+
+// The device's matrix-product rate in FLOP/s: a 1024 x 1024 product, the median of 5 runs.
+double matmul_rate(const torch::Device& device) {
+  const torch::Tensor a = torch::rand({1024, 1024}, torch::TensorOptions().device(device));
+  const course::Timing t = course::time_median([&] { torch::mm(a, a); }, device, 2, 5);
+  return 2.0 * 1024 * 1024 * 1024 / t.median_s;
+}
+
+// On CUDA, what a graph costs per kernel it replays: a graph of 1,000 one-element kernels, each
+// waiting for the one before (as a training step's do), the median of 5 replays per kernel.
+double replay_seconds_per_kernel([[maybe_unused]] const torch::Device& device) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  torch::Tensor x = torch::zeros({1}, torch::TensorOptions().device(device));
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard on_side_stream(c10::cuda::getStreamFromPool(false, device.index()));
+    x.add_(1);  // warm-up, before the capture
+    c10::cuda::device_synchronize();
+    graph.capture_begin();
+    for (int i = 0; i < 1000; ++i) x.add_(1);
+    graph.capture_end();
+  }
+  return course::time_median([&] { graph.replay(); }, device, 2, 5).median_s / 1000;
+#else
+  return 0;  // no CUDA in this LibTorch: never called
+#endif
+}
+
+// ---- the lesson ---------------------------------------------------------------------------------
+// ATen operators one step of `run` dispatches, counted on a second step of a fresh trainer (the
+// first makes the fused step's buffers). The profiler counts nested operators and views too.
+long long operators_per_step(const std::string& run, const course::ImageSet& train,
+                             const torch::Device& device, std::uint64_t seed) {
+  const torch::Tensor x = train.images.slice(0, 0, kBatchSize).reshape({-1, kPixels}).to(device);
+  const torch::Tensor y = train.labels.slice(0, 0, kBatchSize).to(device);
+  torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(device));
+  Trainer tutorial = make_trainer(device, seed);
+  FlatTrainer fused = make_flat_trainer(device, seed);
+  const bool autograd = run == "tutorial" || run == "resident";  // "graphed": the fused step's
+  const auto step = [&] {
+    autograd ? tutorial_step(tutorial, x, y, loss) : fused_step(fused, x, y, loss);
+  };
+  step();
+  return course::count_operators(step);
+}
+
+void run_lesson(const std::vector<std::string>& runs, const course::ImageSet& train,
+                const course::ImageSet& test, int epochs, int check_steps, double bar,
+                const torch::Device& device, std::uint64_t seed, course::Verdict& verdict) {
+  std::printf("\n1. each form against the one before, %d steps on the same batches\n  Adam: %s\n",
+              check_steps,
+              has_fused_adam(device) ? "LibTorch's fused kernel (at::_fused_adam_)"
+                                     : "LibTorch's, over one tensor (no fused Adam)");
+  double kernels = 0;  // per step, in the graph (CUDA)
+  const auto losses = losses_on_same_batches(train, check_steps, device, seed, &kernels);
+  for (const auto& [form, before] : std::vector<std::pair<std::string, std::string>>{
+           {"fused", "tutorial"}, {"graphed", "fused"}}) {
+    if (losses.count(form) == 0) std::printf("  %s: (skipped: needs CUDA)\n", form.c_str());
+    if (losses.count(form) == 0) continue;
+    const double diff = relative_difference(losses.at(form), losses.at(before));
+    verdict.check(diff <= kStepTolerance, form + " trains as " + before,
+                  course::format("largest relative loss difference %.2e over %d steps (tolerance"
+                                 " %.0e)",
+                                 diff, check_steps, kStepTolerance));
+  }
+
+  std::printf("\n2. each form trained, %d epoch(s)\n", epochs);
+  std::map<std::string, RunResult> results;
+  std::vector<course::TimedRun> rows;
+  for (const auto& run : runs) {
+    if (run == "graphed" && !device.is_cuda()) std::printf("  graphed: (skipped: needs CUDA)\n");
+    if (run == "graphed" && !device.is_cuda()) continue;
+    results[run] = train_and_evaluate(train, test, run, epochs, device, seed);
+    rows.push_back({run, course::epoch_timing(results[run].epochs),  // after the first epoch
+                    static_cast<double>(train.labels.size(0)), results[run].accuracy});
+  }
+  course::print_timed_runs(rows, "ms/epoch", "samples/s", "test accuracy", device.str());
+
+  // What bounds each form: its operators per step, and the time each costs.
+  const double steps = static_cast<double>((train.labels.size(0) + kBatchSize - 1) / kBatchSize);
+  std::printf("\n3. operators per step, and the floor\n  %-9s %13s %13s\n", "form", "ops/step",
+              "us per op");
+  double fastest = 0;
+  for (const auto& row : rows) {
+    const long long ops = operators_per_step(row.name, train, device, seed);
+    fastest = fastest == 0 ? row.timing.median_s : std::min(fastest, row.timing.median_s);
+    std::printf("  %-9s %13lld %13.2f\n", row.name.c_str(), ops,
+                row.timing.median_s / steps / static_cast<double>(ops) * 1e6);
+  }
+  const double flops = kFlopsPerSample * static_cast<double>(train.labels.size(0));
+  const double rate = matmul_rate(device);
+  std::printf(
+      "  compute floor: %.1f GFLOP per epoch at %.0f GFLOP/s (a 1024x1024 product on "
+      "%s) = %.1f ms per epoch; the fastest form took %.1fx it\n",
+      flops / 1e9, rate / 1e9, device.str().c_str(), flops / rate * 1e3, fastest / (flops / rate));
+  if (kernels > 0) {
+    const double per_kernel = replay_seconds_per_kernel(device);
+    std::printf(
+        "  launch floor: %.0f kernels per step in the graph x %.0f steps x %.2f us per kernel a "
+        "graph replays = %.1f ms per epoch (the goal on an H100 or H200: %.0f ms)\n",
+        kernels, steps, per_kernel * 1e6, kernels * steps * per_kernel * 1e3, kGoalEpochMs);
+  }
+
+  if (results.count("resident") && results.count("tutorial") && device.is_cpu()) {
+    const double diff =  // a GPU draws its orders with its own generator: other batches
+        course::max_loss_difference(results["resident"].epochs, results["tutorial"].epochs);
+    verdict.check(
+        diff <= kStepTolerance, "resident trains as tutorial: the same batches",
+        course::format("epoch losses within %.2e (tolerance %.0e)", diff, kStepTolerance));
+  }
+  for (const auto& [run, result] : results) {
+    verdict.check(result.accuracy >= bar, run + " run: test accuracy reaches the bar",
+                  course::format("%.4f vs bar %.2f", result.accuracy, bar));
+  }
+}
+
+}  // namespace lesson17
+
+// ---- main ---------------------------------------------------------------------------------------
+#ifndef GPU_LESSONS_NO_MAIN  // tests/test_lesson17.cpp includes this file
+int main(int argc, char** argv) try {
+  using namespace lesson17;
+  course::CommonOptions options;
+  options.seed = kSeed;
+  int epochs = 0;  // 0: kEpochs, or kQuickEpochs with --quick
+  std::string only = "all";
+  course::Cli cli("lesson17_fastest_epoch",
+                  "Lesson 17: the tutorial's training with the fewest operators per step.",
+                  options);
+  cli.add_data_dir();
+  cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
+  cli.add_option("--run", only, "which form to train (all: each in turn)",
+                 {"all", "tutorial", "resident", "fused", "graphed"});
+  if (auto code = cli.parse(argc, argv)) return *code;
+  const torch::Device device = course::start_lesson(options);
+  course::Verdict verdict;
+  const auto folder = course::find_fashion_mnist(options.data_dir);
+  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
+  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
+  if (options.quick) train = course::take(train, kQuickSamples);
+  if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
+  const bool full_run = !options.quick && epochs >= kEpochs;  // kAccuracyBar is for a full run
+  std::cout << "Fashion-MNIST: " << train.labels.size(0) << " training images, "
+            << test.labels.size(0) << " test; the tutorial's ANN\n";
+  std::vector<std::string> runs = {only};
+  if (only == "all") runs = {"tutorial", "resident", "fused", "graphed"};
+  run_lesson(runs, train, test, epochs, options.quick ? kQuickCheckSteps : kCheckSteps,
+             full_run ? kAccuracyBar : kQuickAccuracyBar, device, options.seed, verdict);
+  return verdict.finish("lesson 17 on " + device.str());
+} catch (...) {
+  return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1
+}
+#endif
