@@ -154,7 +154,7 @@ void tutorial_step(Trainer& trainer, const torch::Tensor& images, const torch::T
 //! [flat-trainer]
 // The fused step's results for batches of one size, made once: every operator of the step writes
 // into one of these (its out= form), so a step makes no tensor of its own. The transposed views
-// too: .t() is free for the device, but costs the host a dispatch (three operators) at every call.
+// too: .t() is free for the device, but costs the host t, transpose and as_strided at each call.
 struct StepBuffers {
   torch::Tensor h1, h2, logits, log_probs, d_out, d_h2, d_h1;
   torch::Tensor minus_ones, ones;         // -1 at each label (softmax - one_hot); ones: d^T ones
