@@ -501,16 +501,16 @@ std::pair<course::JobEnding, std::string> run_job(const std::string& program,
   return {ending, ""};
 }
 
-// Each failure, in a job of lesson 09 (when it is built beside this program) and of this lesson.
+// Each failure in a job of lesson 09 (if beside this program) and of this lesson; a thread a rank.
 void fail_ranks(const std::string& device, const std::string& data_dir, int timeout_s,
                 std::uint64_t seed, course::Verdict& verdict) {
   const std::string here = course::self_executable();
   const std::string lesson09 =
       (std::filesystem::path(here).parent_path() / "lesson09_data_parallel").string();
   const bool have09 = std::filesystem::exists(lesson09);
-  std::vector<std::string> flags{"--seed", std::to_string(seed)};
+  std::vector<std::string> flags{"--seed", std::to_string(seed), "--threads", "1"};
   if (!data_dir.empty()) flags.insert(flags.end(), {"--data-dir", data_dir});
-  std::printf("Jobs of 2 ranks on this host, --quick --timeout %d%s\n", timeout_s,
+  std::printf("Jobs of 2 ranks on this host, --quick --threads 1 --timeout %d%s\n", timeout_s,
               have09 ? "" : " (no lesson 09 beside this program)");
   for (const Failure& f : kFailures) {
     std::printf("\n-- %s\n", f.what);
