@@ -68,12 +68,13 @@ void run_timed(benchmark::State& state, const c10::Device& device,
 }  // namespace bench
 
 int main(int argc, char** argv) {
-  at::set_num_threads(course::available_cores());
+  const int cores = course::available_cores();
+  at::set_num_threads(cores);
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
   // What the threads run on: the cores this process may use (its affinity, at most its quota),
   // and how OpenMP's idle threads wait (spinning takes a core from a thread with work).
-  benchmark::AddCustomContext("cores", std::to_string(course::available_cores()));
+  benchmark::AddCustomContext("cores", std::to_string(cores));
   benchmark::AddCustomContext("cpu_quota_cores", std::to_string(course::cpu_quota_cores()));
   for (const char* name : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}) {
     if (const char* value = std::getenv(name)) benchmark::AddCustomContext(name, value);

@@ -1,15 +1,16 @@
 // cli.cpp: CLI11 behind a small interface, and the start of every lesson.
 #include "common/cli.h"
 
-#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
 #include <sched.h>
 
-#include <CLI/CLI.hpp>  // defines: CLI::App
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
 #include <thread>
+
+#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
+#include <CLI/CLI.hpp>      // defines: CLI::App
 
 #include "common/device.h"
 #include "common/memory.h"
@@ -114,14 +115,20 @@ int cpu_quota_cores(const std::string& cgroup_root, const std::string& self_cgro
     if (controllers == ",,") v2 = line.substr(second + 1);
     if (controllers.find(",cpu,") != std::string::npos) v1 = "/cpu" + line.substr(second + 1);
   }
-  const std::string path = v1.empty() ? v2 : v1;  // a v1 cpu controller is where the quota is
   double cores = 0;
-  for (std::string dir = path;; dir = dir.substr(0, dir.rfind('/'))) {
+  if (v1.empty() && v2.empty()) {  // no /proc/self/cgroup: the root of either layout
+    cores = std::max(quota_in(cgroup_root), quota_in(cgroup_root + "/cpu"));
+  }
+  std::string dir = v1.empty() ? v2 : v1;  // a v1 cpu controller is where the quota is
+  if (!dir.empty() && dir.back() == '/') dir.pop_back();  // "/" is the root: ""
+  // Up the tree: "/a/b", then "/a", then "" (the root).
+  while (true) {
     const double here = quota_in(cgroup_root + dir);
     if (here > 0 && (cores == 0 || here < cores)) cores = here;
-    if (dir.empty() || dir.rfind('/') == std::string::npos) break;
+    const auto slash = dir.rfind('/');
+    if (slash == std::string::npos) break;
+    dir.resize(slash);
   }
-  if (cores == 0) cores = std::max(quota_in(cgroup_root), quota_in(cgroup_root + "/cpu"));
   return cores > 0 ? std::max(1, static_cast<int>(std::ceil(cores))) : 0;
 }
 
