@@ -69,6 +69,19 @@ grep -Eq '^WAIVED +plots ' "$summary" || ls "$t"/docs/benchmarks/plots/*-gpu.svg
   fail "no plots"
 [ -s "$t/summary.txt" ] && [ -d "$t/logs" ] || fail "the tarball lacks the summary or the logs"
 
+# --only: these items alone, in this order, each within its seconds.
+"$root/scripts/gpu-pass" "$out/only" --stage run --device cpu --quick --build-dir "$build" \
+  --only 'bench_memory:20 lesson01:60' >"$out/only.log" 2>&1; rc=$?
+[ $rc -eq 0 ] || fail "--only exited $rc: $(cat "$out/only.log")"
+[ "$(grep -E '^PASS +(bench_memory|lesson01) ' "$out/only/summary.txt" | cut -c8-20 | tr -d ' \n')" = \
+  bench_memorylesson01 ] || fail "--only did not run bench_memory, then lesson01: $(cat "$out/only/summary.txt")"
+! grep -Eq '^[A-Z]+ +(transcripts|yardstick|lesson02) ' "$out/only/summary.txt" ||
+  fail "--only ran more than its items: $(cat "$out/only/summary.txt")"
+"$root/scripts/gpu-pass" "$out/bad" --stage run --device cpu --build-dir "$build" --only 'lesson01 banana' \
+  >"$out/bad.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q HINT "$out/bad.log" && [ ! -e "$out/bad/summary.txt" ] ||
+  fail "--only with an unknown item: exit $rc, or it ran first: $(cat "$out/bad.log")"
+
 # Refusals: a clear message with a HINT, exit 2.
 if ! "$build/bin/lesson01_device_check" --device cuda:0 >/dev/null 2>&1; then
   "$root/scripts/gpu-pass" "$out/nogpu" --device cuda --build-dir "$build" >"$out/nogpu.log" 2>&1; rc=$?
