@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bench.h"
-#include "common/autocast.h"     // defines: Autocast
-#include "common/grad_scaler.h"  // defines: GradScaler
+#include "autocast.h"     // defines: Autocast
+#include "grad_scaler.h"  // defines: GradScaler
 
 // The lesson is one file with its own main(); the benchmark includes it for its AMP loop.
 #define GPU_LESSONS_NO_MAIN
@@ -47,7 +47,7 @@ void matmul(benchmark::State& state, const c10::Device& device) {
   const torch::Tensor b = torch::randn({n, n}, on);
   const torch::ScalarType low = state.range(0) == 2 ? torch::kHalf : torch::kBFloat16;
   bench::run_timed(state, device, [&] {
-    course::Autocast autocast(device.type(), low, /*enabled=*/state.range(0) != 0);
+    lesson08::Autocast autocast(device.type(), low, /*enabled=*/state.range(0) != 0);
     torch::mm(a, b);  // under autocast: casts a and b, multiplies in 16 bits
   });
   state.counters["FLOP/s"] =
@@ -88,9 +88,9 @@ void mixed_step(benchmark::State& state, const c10::Device& device) {
   model->to(device);
   torch::nn::CrossEntropyLoss criterion;
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(lesson08::kLearningRate));
-  course::GradScalerOptions options;
+  lesson08::GradScalerOptions options;
   options.enabled = state.range(0) == 2;
-  course::GradScaler scaler(device, options);
+  lesson08::GradScaler scaler(device, options);
   const auto on = torch::TensorOptions().device(device);
   std::vector<torch::data::Example<>> one_batch{
       {torch::rand({batch, 784}, on), torch::randint(10, {batch}, on.dtype(torch::kLong))}};

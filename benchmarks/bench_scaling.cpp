@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include "bench.h"
-#include "common/autocast.h"  // defines: Autocast
+#include "autocast.h"  // defines: Autocast
 
 namespace {
 
@@ -74,7 +74,7 @@ void scaling_step(benchmark::State& state, const c10::Device& device) {
     adam.zero_grad();
     torch::Tensor loss;
     {  // with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16): forward and loss
-      course::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/precision == 2);
+      lesson08::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/precision == 2);
       loss = torch::nn::functional::cross_entropy(model->forward(images), labels);
     }
     loss.backward();

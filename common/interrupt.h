@@ -1,7 +1,7 @@
 // interrupt.h defines: Ctrl-C for training loops. While a StopOnInterrupt lives, the first SIGINT
 // only asks the loop to stop at the end of its current step (a second one ends the process at
 // once); the loop checks stop_requested() and reports its stop by throwing Interrupted, which
-// run_lesson() turns into its message and exit code 130, as a shell reports a Ctrl-C; and what a
+// report_error() turns into its message and exit code 130, as a shell reports a Ctrl-C; and what a
 // loop that saves a checkpoint after every epoch says when it stops (epoch_abandoned).
 #pragma once
 

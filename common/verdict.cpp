@@ -90,14 +90,6 @@ int Verdict::finish(const std::string& summary) const {
   return kExitPass;
 }
 
-int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv) {
-  try {
-    return lesson_main(argc, argv);
-  } catch (...) {
-    return report_error();
-  }
-}
-
 int report_error() {
   try {
     throw;

@@ -1,5 +1,5 @@
 // verdict.h defines: exit codes, the errors that end a lesson with a HINT, the checked verdict
-// every lesson ends with, and run_lesson() (the guard around each lesson's main).
+// every lesson ends with, and report_error() (the catch block around each lesson's main).
 #pragma once
 
 #include <exception>
@@ -62,13 +62,8 @@ class Verdict {
 };
 
 /// Called in a catch block (a lesson's `int main(...) try { ... } catch (...)`): reports the
-/// error being handled as run_lesson() does and returns the exit code that agrees (2 for a
-/// CourseError with its HINT, 130 for Ctrl-C, 1 with "RESULT: FAIL" for any other error).
+/// error being handled and returns the exit code that agrees (2 for a CourseError with its HINT,
+/// 130 for Ctrl-C, 1 with "RESULT: FAIL" for any other error).
 int report_error();
-
-/// Runs a lesson's main: errors that teach (CourseError) exit 2 with their HINT; a loop stopped
-/// by Ctrl-C (Interrupted, common/interrupt.h) prints what it did and exits 130; any other error
-/// prints its message without the backtrace, with hint_for()'s HINT, and ends with RESULT: FAIL.
-int run_lesson(int (*lesson_main)(int, char**), int argc, char** argv);
 
 }  // namespace course

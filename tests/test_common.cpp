@@ -39,9 +39,7 @@
 #include "common/generator.h"
 #include "common/interrupt.h"
 #include "common/launch.h"
-#include "common/profiler.h"
 #include "common/memory.h"
-#include "common/nvml.h"
 #include "common/sampler.h"
 #include "common/state_dict.h"
 #include "common/temporary_folder.h"
@@ -892,10 +890,19 @@ TEST(StopOnInterrupt, SigintBecomesAStopRequest) {
   EXPECT_EQ(after.sa_handler, before.sa_handler);
 }
 
-// Tests that run_lesson() turns Interrupted into its message and exit code 130.
-TEST(StopOnInterrupt, RunLessonExits130) {
+// A lesson's main as every lesson writes it: `int main(...) try { ... } catch (...) { return
+// course::report_error(); }`.
+static int lesson_main_guarded(int (*body)(int, char**), int argc, char** argv) try {
+  return body(argc, argv);
+} catch (...) {
+  return course::report_error();
+}
+
+// Tests that report_error(), in a lesson's catch block, turns Interrupted into its message and
+// exit code 130.
+TEST(StopOnInterrupt, ReportErrorExits130) {
   testing::internal::CaptureStdout();
-  const int code = course::run_lesson(
+  const int code = lesson_main_guarded(
       [](int, char**) -> int { throw course::Interrupted("epoch 2 abandoned"); }, 0, nullptr);
   const std::string out = testing::internal::GetCapturedStdout();
   EXPECT_EQ(code, course::kExitInterrupted);
@@ -996,11 +1003,11 @@ TEST(Hints, NameEachOfLessonFoursMistakes) {
   }
 }
 
-// Tests that run_lesson() prints a lab TODO's throw with its HINT and ends with RESULT: FAIL.
-TEST(Hints, RunLessonNamesALabTodo) {
+// Tests that report_error() prints a lab TODO's throw with its HINT and ends with RESULT: FAIL.
+TEST(Hints, ReportErrorNamesALabTodo) {
   testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();
-  const int code = course::run_lesson(
+  const int code = lesson_main_guarded(
       [](int, char**) -> int { throw std::logic_error("lab 02.1 is not done: move every parameter"); },
       0, nullptr);
   const std::string err = testing::internal::GetCapturedStderr();
@@ -1009,38 +1016,6 @@ TEST(Hints, RunLessonNamesALabTodo) {
   EXPECT_NE(err.find("error: lab 02.1 is not done"), std::string::npos) << err;
   EXPECT_NE(err.find("HINT: a lab TODO is still to do"), std::string::npos) << err;
   EXPECT_NE(out.find("RESULT: FAIL"), std::string::npos) << out;
-}
-
-// Tests that nvidia-smi's view needs a CUDA device, and says why it has nothing without one: the
-// library behind it is loaded at run time, so asking for it on a machine without the NVIDIA driver
-// is an answer, not a crash.
-TEST(SmiView, NeedsACudaDevice) {
-  const course::SmiView cpu = course::smi_view(c10::Device(c10::kCPU));
-  EXPECT_FALSE(cpu.available);
-  EXPECT_NE(cpu.why_not.find("needs CUDA"), std::string::npos);
-  if (course::cuda_device_count() == 0) {
-    const course::SmiView cuda = course::smi_view(c10::Device(c10::kCUDA, 0));
-    EXPECT_FALSE(cuda.available);
-    EXPECT_NE(cuda.why_not.find("needs CUDA"), std::string::npos) << cuda.why_not;
-  }
-}
-
-// Tests the watch on a device with no view: one line saying why, then nothing more, and the
-// watch stops at once when it goes out of scope (no wait for the next period).
-TEST(SmiWatch, OneLineWhereThereIsNothingToWatch) {
-  std::ostringstream out;
-  const auto start = std::chrono::steady_clock::now();
-  {
-    const course::SmiWatch watch(c10::Device(c10::kCPU), std::chrono::hours(1), out);
-    while (watch.lines() == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(30))
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    EXPECT_EQ(watch.lines(), 1);
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::minutes(1));  // not an hour
-  const std::string text = out.str();
-  EXPECT_EQ(text.rfind("  [nvidia-smi] nothing to watch: ", 0), 0u) << text;
-  EXPECT_NE(text.find("needs CUDA"), std::string::npos) << text;
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
 }
 
 // Tests the training state's bytes: parameters, then their gradients, then Adam's two moments.
@@ -1388,50 +1363,4 @@ TEST(StateDict, AdamStateByParameter) {
   EXPECT_EQ(course::read_archive_string(archive, "name"), "ANN");
   EXPECT_EQ(course::read_archive_string(archive, "number"), "");
   EXPECT_EQ(course::read_archive_string(archive, "missing"), "");
-}
-
-// A profile of a few operators, with the profiler as lesson 16 calls it.
-static std::unique_ptr<torch::autograd::profiler::ProfilerResult> profile_a_matmul() {
-  namespace impl = torch::profiler::impl;
-  const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/true);
-  const std::set<impl::ActivityType> activities = {impl::ActivityType::CPU};
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
-  torch::mm(torch::ones({8, 8}), torch::ones({8, 8})).relu();
-  return torch::autograd::profiler::disableProfiler();
-}
-
-// Tests that the events' times are in microseconds on either LibTorch: every event starts within
-// the last minute and lasts less than one.
-TEST(Profiler, EventTimesAreMicroseconds) {
-  const double now_us = std::chrono::duration<double, std::micro>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
-  const auto result = profile_a_matmul();
-  ASSERT_FALSE(result->events().empty());
-  for (const auto& event : result->events()) {
-    EXPECT_NEAR(course::event_start_us(event), now_us, 60e6) << event.name();
-    EXPECT_GE(course::event_duration_us(event), 0);
-    EXPECT_LT(course::event_duration_us(event), 60e6);
-  }
-}
-
-// Tests that the trace is written whole (no part file left) with the operators as trace events,
-// by Kineto or without it, and that an unwritable path is a CourseError naming the fix.
-TEST(Profiler, SavesAChromeTrace) {
-  const auto result = profile_a_matmul();
-  course::TemporaryFolder folder("profiler");
-  const std::string file = folder.file("trace.json");
-  course::save_chrome_trace(*result, file);
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_NE(text.str().find("\"traceEvents\""), std::string::npos);
-  EXPECT_NE(text.str().find("\"aten::mm\""), std::string::npos);
-  EXPECT_FALSE(std::filesystem::exists(file + ".part"));
-  try {
-    course::save_chrome_trace(*result, folder.file("no-such-folder/trace.json"));
-    ADD_FAILURE() << "no error for a folder that does not exist";
-  } catch (const course::CourseError& error) {
-    EXPECT_NE(error.hint().find("folder"), std::string::npos);
-  }
 }

@@ -10,7 +10,7 @@
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "common/memory.h"
-#include "common/nvml.h"
+#include "nvml.h"
 #include "cuda_test.h"
 #include "memory_management.cpp"
 
@@ -115,7 +115,7 @@ TEST_F(CudaTest, MemoryFactsOnGpu) {
 TEST_F(CudaTest, WatchPrintsTheDriversViewEachPeriod) {
   std::ostringstream out;
   {
-    const course::SmiWatch watch(device, std::chrono::milliseconds(100), out);
+    const lesson07::SmiWatch watch(device, std::chrono::milliseconds(100), out);
     const torch::Tensor x = torch::randn({2048, 2048}, torch::TensorOptions().device(device));
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(550);
     while (std::chrono::steady_clock::now() < end) (void)x.mm(x);
@@ -133,11 +133,11 @@ TEST_F(CudaTest, NvidiaSmiListsThisProcess) {
   const torch::Tensor held = torch::empty({64 << 20}, torch::TensorOptions().device(device));
   torch::cuda::synchronize(device.index());
   const std::int64_t reserved = lesson07::read_memory(device).reserved;
-  const course::SmiView smi = course::smi_view(device);
+  const lesson07::SmiView smi = lesson07::smi_view(device);
   ASSERT_TRUE(smi.available) << smi.why_not;
   EXPECT_GT(smi.total, 0);
   EXPECT_GE(smi.used, reserved);
-  const course::GpuProcess* self = nullptr;
+  const lesson07::GpuProcess* self = nullptr;
   for (const auto& p : smi.processes) {
     if (p.pid == static_cast<unsigned>(getpid())) self = &p;
   }

@@ -29,7 +29,7 @@ void expect_policy(const torch::Device& device, torch::ScalarType low) {
   EXPECT_EQ(dtype_of(rows, "cross_entropy"), torch::kFloat);
   EXPECT_EQ(dtype_of(rows, "mse_loss"), torch::kFloat);
   EXPECT_EQ(dtype_of(rows, "weight gradient"), torch::kFloat);
-  EXPECT_FALSE(course::autocast_enabled(device.type()));  // the guard switched it off again
+  EXPECT_FALSE(lesson08::autocast_enabled(device.type()));  // the guard switched it off again
 }
 
 // Lesson 05's ANN, noting what its forward pass saw: whether autocast was on, the logits' dtype.
@@ -37,7 +37,7 @@ struct ProbeImpl : torch::nn::Module {
   ProbeImpl() : ann(register_module("ann", lesson08::ANN())) {}
   torch::Tensor forward(torch::Tensor x) {
     torch::Tensor logits = ann->forward(x);
-    autocast_on.push_back(course::autocast_enabled(x.device().type()));
+    autocast_on.push_back(lesson08::autocast_enabled(x.device().type()));
     logits_dtype.push_back(logits.scalar_type());
     return logits;
   }
@@ -58,7 +58,7 @@ std::vector<torch::data::Example<>> batches(int n) {
 }
 
 // The parameters of lesson 05's ANN after one train_epoch over `data` with SGD and `scaler`.
-std::vector<torch::Tensor> trained_with(course::GradScaler& scaler,
+std::vector<torch::Tensor> trained_with(lesson08::GradScaler& scaler,
                                         std::vector<torch::data::Example<>> data) {
   torch::manual_seed(lesson08::kSeed);
   lesson08::ANN model;
@@ -91,16 +91,16 @@ TEST(AmpLoop, ForwardPassUnderAutocast) {
     Probe model;
     torch::nn::CrossEntropyLoss criterion;
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
-    course::GradScalerOptions options;
+    lesson08::GradScalerOptions options;
     options.enabled = false;
-    course::GradScaler scaler(torch::kCPU, options);
+    lesson08::GradScaler scaler(torch::kCPU, options);
     auto data = batches(2);
     lesson08::train_epoch(model, data, criterion, adam, scaler, torch::kCPU, torch::kBFloat16,
                           use_amp);
     EXPECT_EQ(model->autocast_on, std::vector<bool>(2, use_amp));
     const torch::ScalarType expected = use_amp ? torch::kBFloat16 : torch::kFloat;
     EXPECT_EQ(model->logits_dtype, std::vector<torch::ScalarType>(2, expected));
-    EXPECT_FALSE(course::autocast_enabled(torch::kCPU));
+    EXPECT_FALSE(lesson08::autocast_enabled(torch::kCPU));
   }
 }
 
@@ -108,14 +108,14 @@ TEST(AmpLoop, ForwardPassUnderAutocast) {
 // clean step, the parameters are the ones an unscaled loop gives (the loss scaled by a power of
 // two, the gradients unscaled, the step taken) and the scale doubled once per batch (update()).
 TEST(AmpLoop, ScalesStepsAndUpdatesThroughTheScaler) {
-  course::GradScalerOptions off;
+  lesson08::GradScalerOptions off;
   off.enabled = false;
-  course::GradScaler plain(torch::kCPU, off);
+  lesson08::GradScaler plain(torch::kCPU, off);
   const auto expected = trained_with(plain, batches(3));
 
-  course::GradScalerOptions every_step;
+  lesson08::GradScalerOptions every_step;
   every_step.growth_interval = 1;
-  course::GradScaler scaler(torch::kCPU, every_step);
+  lesson08::GradScaler scaler(torch::kCPU, every_step);
   const auto got = trained_with(scaler, batches(3));
   ASSERT_EQ(got.size(), expected.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -131,7 +131,7 @@ TEST(AmpLoop, ParametersAndGradientsStayFp32) {
   lesson08::ANN model;
   torch::nn::CrossEntropyLoss criterion;
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
-  course::GradScaler scaler(torch::kCPU);
+  lesson08::GradScaler scaler(torch::kCPU);
   auto data = batches(1);
   const torch::Tensor before = model->fc1->weight.detach().clone();
   const torch::Tensor loss = lesson08::train_epoch(model, data, criterion, adam, scaler,
@@ -158,7 +158,7 @@ TEST(Scaler, LessonCheckPassesOnCpu) {
 // check says so.
 TEST(Fp16Range, SmallGradientsNeedTheScale) {
   EXPECT_EQ(torch::tensor({1e-8f}).to(torch::kHalf).item<float>(), 0.0f);
-  const double scale = course::GradScalerOptions().init_scale;
+  const double scale = lesson08::GradScalerOptions().init_scale;
   EXPECT_NEAR(torch::tensor({1e-8f * static_cast<float>(scale)}).to(torch::kHalf).item<float>() /
                   scale, 1e-8, 1e-10);
   course::Verdict verdict;

@@ -116,7 +116,7 @@ TEST_F(ProfileTest, TraceHoldsTheRanges) {
   const auto& profiles = cpu_profiles(train());
   course::TemporaryFolder folder("lesson16");
   const std::string file = (folder.path() / "trace.json").string();
-  course::save_chrome_trace(*profiles.tutorial, file);
+  lesson16::save_chrome_trace(*profiles.tutorial, file);
   std::ifstream in(file);
   std::stringstream text;
   text << in.rdbuf();

@@ -34,7 +34,7 @@
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/device.h"   // defines: format_bytes
 #include "common/memory.h"   // defines: MemoryStats, training_state_bytes, the CPU's budget
-#include "common/nvml.h"     // defines: smi_view (nvidia-smi's view, from the driver's NVML)
+#include "nvml.h"     // defines: smi_view (nvidia-smi's view, from the driver's NVML)
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
 namespace lesson07 {
@@ -216,7 +216,7 @@ void show_smi_view(const torch::Device& device) {
     return;
   }
   const course::MemoryStats mine = read_memory(device);
-  const course::SmiView smi = course::smi_view(device);  // what nvidia-smi reads: NVML
+  const SmiView smi = smi_view(device);  // what nvidia-smi reads: NVML
   if (!smi.available) {  // without NVML: the driver's total and free, without the processes
     const course::DeviceMemory dm = course::device_memory(device);
     std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not
@@ -226,8 +226,8 @@ void show_smi_view(const torch::Device& device) {
     std::cout << "\nWhat nvidia-smi shows for " << device << ": " << mib(smi.used) << " used of "
               << mib(smi.total) << ", by " << smi.processes.size() << " process(es):\n";
   }
-  const course::GpuProcess* self = nullptr;
-  for (const course::GpuProcess& p : smi.processes) {
+  const GpuProcess* self = nullptr;
+  for (const GpuProcess& p : smi.processes) {
     const bool me = p.pid == static_cast<unsigned>(getpid());
     if (me) self = &p;
     std::cout << "  pid " << p.pid << "  " << (p.bytes < 0 ? "(not reported)" : mib(p.bytes))
@@ -257,7 +257,7 @@ void watch_training(Net& model, torch::optim::Optimizer& optimizer, std::int64_t
     return;
   }
   std::cout << "\n--watch: " << kWatchSeconds << " s of steps at batch " << batch << ":\n";
-  const course::SmiWatch watch(device, std::chrono::seconds(1), std::cout);  // stops at the `}`
+  const SmiWatch watch(device, std::chrono::seconds(1), std::cout);  // stops at the `}`
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(kWatchSeconds);
   while (std::chrono::steady_clock::now() < end) train_step(model, optimizer, batch, device);
 }

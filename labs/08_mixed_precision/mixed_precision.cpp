@@ -13,7 +13,7 @@
 //     survive, divides them back, skips steps that overflowed and adapts its factor. bf16 (the
 //     CPU's) has fp32's range: there the scaler is built disabled, as GradScaler(enabled=False);
 //   - a GPU's tensor cores run 16-bit matmuls faster; a CPU may not: the lesson measures it.
-// LibTorch has neither torch.autocast nor GradScaler: common/autocast.h and common/grad_scaler.h
+// LibTorch has neither torch.autocast nor GradScaler: autocast.h and grad_scaler.h beside this file
 // are thin C++ versions of Python's, and their headers name every LibTorch call they make.
 //
 // Run:    build/bin/lesson08_mixed_precision [--device auto|cpu|cuda|cuda:N] [--epochs N]
@@ -33,12 +33,12 @@
 #include <string>
 #include <vector>
 
-#include "common/autocast.h"     // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
-#include "common/cli.h"          // defines: Cli, start_lesson (--device, the device line)
-#include "common/dataset.h"      // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
-#include "common/grad_scaler.h"  // defines: GradScaler (torch.amp.GradScaler)
-#include "common/timing.h"       // defines: Stopwatch, time_median, per_piece, describe_ms
-#include "common/verdict.h"      // defines: Verdict, report_error
+#include "autocast.h"        // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
+#include "common/cli.h"      // defines: Cli, start_lesson (--device, the device line)
+#include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
+#include "common/timing.h"   // defines: Stopwatch, time_median, per_piece, describe_ms
+#include "common/verdict.h"  // defines: Verdict, report_error
+#include "grad_scaler.h"     // defines: GradScaler (torch.amp.GradScaler)
 
 namespace lesson08 {
 
@@ -75,7 +75,7 @@ constexpr int kMaxTimedSteps = 50;
 template <typename Model, typename Loader>
 torch::Tensor train_epoch(Model& model, Loader& train_loader,
                           torch::nn::CrossEntropyLoss& criterion,
-                          torch::optim::Optimizer& optimizer, course::GradScaler& scaler,
+                          torch::optim::Optimizer& optimizer, GradScaler& scaler,
                           const torch::Device& device, torch::ScalarType dtype, bool use_amp) {
   model->train();
   torch::Tensor total_loss = torch::zeros({}, torch::TensorOptions().device(device));
@@ -88,8 +88,8 @@ torch::Tensor train_epoch(Model& model, Loader& train_loader,
     optimizer.zero_grad();
     torch::Tensor loss;  // declared before the block: Python's `with` has no scope, C++'s has
     {
-      // TODO(lab 08.1): with autocast(): common/autocast.h's guard, in `dtype`, on when use_amp
-      throw std::logic_error("lab 08.1 is not done: with autocast(): common/autocast.h's guard, in `dtype`, on when use_amp");
+      // TODO(lab 08.1): with autocast(): autocast.h's guard, in `dtype`, on when use_amp
+      throw std::logic_error("lab 08.1 is not done: with autocast(): autocast.h's guard, in `dtype`, on when use_amp");
       torch::Tensor outputs = model->forward(features);
       loss = criterion(outputs, labels);
     }  // autocast ends: backward runs each op in the dtype its forward pass used
@@ -138,7 +138,7 @@ double evaluate(ANN& model, TestLoader& test_loader, const torch::Device& device
                 torch::ScalarType dtype, bool use_amp) {
   model->eval();
   torch::NoGradGuard no_grad;
-  course::Autocast autocast(device.type(), dtype, /*enabled=*/use_amp);
+  Autocast autocast(device.type(), dtype, /*enabled=*/use_amp);
   std::int64_t correct = 0, total = 0;
   for (auto& [features, labels] : test_loader) {
     features = features.to(device);
@@ -172,9 +172,9 @@ double run_program(const course::FashionMNIST& train_ds, const course::FashionMN
   torch::nn::CrossEntropyLoss criterion;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   // scaler = torch.amp.GradScaler(device.type, enabled=use_amp and dtype == torch.float16)
-  course::GradScalerOptions scaler_options;
+  GradScalerOptions scaler_options;
   scaler_options.enabled = use_amp && dtype == torch::kHalf;
-  course::GradScaler scaler(device, scaler_options);
+  GradScaler scaler(device, scaler_options);
 
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const torch::Tensor loss =
@@ -205,7 +205,7 @@ std::vector<OpDtype> op_dtypes(const torch::Device& device, torch::ScalarType dt
   std::vector<OpDtype> rows;
   torch::Tensor loss;
   {
-    course::Autocast autocast(device.type(), dtype);  // with torch.autocast(device.type, dtype):
+    Autocast autocast(device.type(), dtype);  // with torch.autocast(device.type, dtype):
     const torch::Tensor logits = layer(x);
     rows.push_back({"linear", logits.scalar_type()});
     rows.push_back({"matmul", torch::matmul(x, x.t()).scalar_type()});
@@ -248,7 +248,7 @@ void check_policy(const torch::Device& device, course::Verdict& verdict) {
 //! [fp16-range]
 // Why fp16 needs the scaler: small gradients in fp16 as they are, and scaled first (then unscaled).
 void check_fp16_range(course::Verdict& verdict) {
-  const double scale = course::GradScalerOptions().init_scale;
+  const double scale = GradScalerOptions().init_scale;
   const torch::Tensor grads = torch::tensor({1e-4f, 1e-6f, 1e-8f});
   const torch::Tensor plain = grads.to(torch::kHalf).to(torch::kFloat);
   const torch::Tensor scaled = (grads * scale).to(torch::kHalf).to(torch::kFloat) / scale;
@@ -271,9 +271,9 @@ void check_scaler(const torch::Device& device, course::Verdict& verdict) {
   torch::nn::Linear layer(4, 2);
   layer->to(device);
   torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
-  course::GradScalerOptions options;
+  GradScalerOptions options;
   options.growth_interval = 3;  // grow after 3 clean steps, to see it happen
-  course::GradScaler scaler(device, options);
+  GradScaler scaler(device, options);
   const torch::Tensor x = torch::ones({2, 4}, torch::TensorOptions().device(device));
   const auto step = [&](bool overflow) {
     sgd.zero_grad();
@@ -311,9 +311,9 @@ course::Timing time_step(std::int64_t batch, const torch::Device& device, torch:
   model->to(device);
   torch::nn::CrossEntropyLoss criterion;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  course::GradScalerOptions scaler_options;
+  GradScalerOptions scaler_options;
   scaler_options.enabled = use_amp && dtype == torch::kHalf;
-  course::GradScaler scaler(device, scaler_options);
+  GradScaler scaler(device, scaler_options);
   const auto on = torch::TensorOptions().device(device);
   const torch::data::Example<> one{torch::rand({batch, 1, 28, 28}, on),
                                    torch::randint(10, {batch}, on.dtype(torch::kLong))};

@@ -31,7 +31,7 @@
 #include "common/device.h"     // defines: why_no_cuda
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters
 #include "common/interrupt.h"  // defines: stop_requested (Ctrl-C)
-#include "common/prefetch.h"   // defines: Prefetcher (threads making items ahead, taken in order)
+#include "prefetch.h"   // defines: Prefetcher (threads making items ahead, taken in order)
 #include "common/report.h"     // defines: EpochStats, run_epochs, ProgressLine, print_timed_runs
 #include "common/timing.h"     // defines: Stopwatch, count_operators
 #include "common/verdict.h"    // defines: Verdict, report_error
@@ -163,7 +163,7 @@ class Loader {
   int workers_;
   bool pinned_ = device_.is_cuda() && !resident_;  // the pinned path on CUDA
   torch::Tensor images_, labels_, order_;
-  course::Prefetcher<Batch> ahead_;  // last: its threads stop before what they read is gone
+  Prefetcher<Batch> ahead_;  // last: its threads stop before what they read is gone
 };
 //! [loader]
 

@@ -50,7 +50,7 @@
 #include "common/data.h"             // defines: ImageSet, take
 #include "common/device.h"           // defines: synchronize
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
-#include "common/profiler.h"  // defines: event_start_us, event_duration_us, save_chrome_trace
+#include "profiler.h"  // defines: event_start_us, event_duration_us, save_chrome_trace
 #include "common/report.h"    // defines: format
 #include "common/verdict.h"   // defines: Verdict, report_error
 
@@ -247,9 +247,9 @@ struct Event {
 std::vector<Event> events_of(const profiler::ProfilerResult& result) {
   std::vector<Event> events;
   for (const auto& e : result.events()) {
-    Event event{e.name(), course::event_start_us(e), 0, e.startThreadId(),
+    Event event{e.name(), event_start_us(e), 0, e.startThreadId(),
                 e.deviceType() != c10::DeviceType::CPU, {}};
-    event.end_us = event.start_us + course::event_duration_us(e);
+    event.end_us = event.start_us + event_duration_us(e);
     if (e.hasShapes() && !e.shapes().empty()) event.input = e.shapes()[0];
     events.push_back(std::move(event));
   }
@@ -459,7 +459,7 @@ void run_lesson(const course::FashionMNIST& train, int steps, std::string sort_b
     for (auto [result, loop] : {std::pair{profiles.tutorial.get(), "lesson05"},
                                 std::pair{profiles.fast.get(), "lesson11"}}) {
       const std::string file = trace_file(trace, loop);
-      const bool kineto = course::save_chrome_trace(*result, file);
+      const bool kineto = save_chrome_trace(*result, file);
       std::cout << "  " << file << (kineto ? " (Kineto's)" : " (this LibTorch has no Kineto: "
                                                             "written from the events)") << "\n";
     }
@@ -489,7 +489,7 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   if (steps == 0) steps = options.quick ? kQuickSteps : kSteps;
-  if (!trace.empty()) course::check_trace_folder(trace);  // before the run, not after it
+  if (!trace.empty()) check_trace_folder(trace);  // before the run, not after it
   const course::FashionMNIST train(options.data_dir, /*train=*/true);
   std::cout << "Fashion-MNIST: " << *train.size() << " training images; the tutorial's ANN, batch "
             << kBatchSize << "\n";

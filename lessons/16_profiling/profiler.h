@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace course {
+namespace lesson16 {
 
 /// When `event` started, in microseconds (1.13 gives startUs(), 2.x startNs()).
 double event_start_us(const torch::autograd::profiler::KinetoEvent& event);
@@ -27,4 +27,4 @@ bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result, const 
 /// exist: a program that will save a trace checks it before its run.
 void check_trace_folder(const std::string& path);
 
-}  // namespace course
+}  // namespace lesson16

@@ -1,5 +1,5 @@
 // autocast.cpp: the autocast guard, by LibTorch version (see autocast.h).
-#include "common/autocast.h"
+#include "autocast.h"
 
 #include <ATen/autocast_mode.h>  // defines: at::autocast::set_autocast_enabled, ...
 #include <c10/core/Device.h>     // defines: c10::DeviceTypeName
@@ -9,7 +9,7 @@
 
 #include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 
-namespace course {
+namespace lesson08 {
 namespace {
 
 // The types and devices this guard takes: the ones the course's two LibTorch versions support.
@@ -78,4 +78,4 @@ Autocast::~Autocast() {
 }
 //! [autocast-guard]
 
-}  // namespace course
+}  // namespace lesson08

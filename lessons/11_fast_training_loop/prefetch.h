@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-namespace course {
+namespace lesson11 {
 
 template <typename T>
 class Prefetcher {
@@ -109,4 +109,4 @@ class Prefetcher {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace course
+}  // namespace lesson11

@@ -1,5 +1,5 @@
 // grad_scaler.cpp: torch.amp.GradScaler's arithmetic (see grad_scaler.h).
-#include "common/grad_scaler.h"
+#include "grad_scaler.h"
 
 #include <ATen/ATen.h>  // defines: at::_amp_foreach_non_finite_check_and_unscale_, ...
 
@@ -8,7 +8,7 @@
 
 #include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 
-namespace course {
+namespace lesson08 {
 namespace {
 
 // Whether LibTorch has the fused operators' kernels for `device` (CUDA always, the CPU from 2.3).
@@ -117,4 +117,4 @@ std::int64_t GradScaler::get_growth_tracker() const {
   return options_.enabled ? growth_tracker_.item<std::int64_t>() : 0;
 }
 
-}  // namespace course
+}  // namespace lesson08

@@ -1,6 +1,6 @@
-// Tests of common/grad_scaler.h: torch.amp.GradScaler's policy (skip and back off on inf or NaN,
-// grow after growth_interval clean steps), unscaling, the disabled pass-through and the misuses
-// Python's scaler refuses; on the CPU and, with a GPU, on CUDA.
+// Tests of lessons/08_mixed_precision/grad_scaler.h: torch.amp.GradScaler's policy (skip and back
+// off on inf or NaN, grow after growth_interval clean steps), unscaling, the disabled pass-through
+// and the misuses Python's scaler refuses; on the CPU and, with a GPU, on CUDA.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,13 +9,13 @@
 #include <memory>
 #include <stdexcept>
 
-#include "common/grad_scaler.h"
 #include "cuda_test.h"
+#include "grad_scaler.h"
 
 namespace {
 
-course::GradScalerOptions interval(std::int64_t growth_interval) {
-  course::GradScalerOptions options;
+lesson08::GradScalerOptions interval(std::int64_t growth_interval) {
+  lesson08::GradScalerOptions options;
   options.growth_interval = growth_interval;
   return options;
 }
@@ -24,9 +24,9 @@ course::GradScalerOptions interval(std::int64_t growth_interval) {
 struct ScalerRig {
   torch::nn::Linear layer{4, 2};
   std::unique_ptr<torch::optim::SGD> sgd;
-  course::GradScaler scaler;
+  lesson08::GradScaler scaler;
   torch::Tensor x;
-  explicit ScalerRig(const torch::Device& device, course::GradScalerOptions options = interval(3))
+  explicit ScalerRig(const torch::Device& device, lesson08::GradScalerOptions options = interval(3))
       : scaler(device, options) {
     layer->to(device);
     sgd = std::make_unique<torch::optim::SGD>(layer->parameters(), torch::optim::SGDOptions(0.1));
@@ -75,7 +75,7 @@ void expect_unscaled_gradients(const torch::Device& device) {
   layer(x).pow(2).sum().backward();
   const torch::Tensor expected = layer->weight.grad().clone();
   sgd.zero_grad();
-  course::GradScaler scaler(device);
+  lesson08::GradScaler scaler(device);
   scaler.scale(layer(x).pow(2).sum()).backward();
   EXPECT_GT(layer->weight.grad().abs().max().item<double>(), 1000.0);  // scaled up
   scaler.unscale_(sgd);
@@ -92,9 +92,9 @@ TEST(GradScaler, UnscaleRestoresGradients) { expect_unscaled_gradients(torch::kC
 
 // Tests that a grown scale that would overflow fp32 is not taken (the count restarts all the same).
 TEST(GradScaler, DoesNotGrowPastFloatRange) {
-  course::GradScalerOptions options = interval(1);
+  lesson08::GradScalerOptions options = interval(1);
   options.init_scale = std::ldexp(1.0, 127);  // the largest power of two a float holds
-  course::GradScaler scaler(torch::kCPU, options);
+  lesson08::GradScaler scaler(torch::kCPU, options);
   torch::nn::Linear layer(4, 2);
   torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
   scaler.scale(layer(torch::ones({2, 4})).sum() * 1e-3).backward();  // finite scaled gradients
@@ -106,7 +106,7 @@ TEST(GradScaler, DoesNotGrowPastFloatRange) {
 
 // Tests GradScaler(enabled=False): the loss unscaled, every step taken, the scale 1 and fixed.
 TEST(GradScaler, DisabledPassesThrough) {
-  course::GradScalerOptions options;
+  lesson08::GradScalerOptions options;
   options.enabled = false;
   ScalerRig rig(torch::kCPU, options);
   EXPECT_FALSE(rig.scaler.is_enabled());
@@ -142,7 +142,7 @@ TEST(GradScaler, RefusesHalfGradients) {
   layer->to(torch::kHalf);
   torch::optim::SGD sgd(layer->parameters(), torch::optim::SGDOptions(0.1));
   for (auto& p : layer->parameters()) p.mutable_grad() = torch::ones_like(p);
-  course::GradScaler scaler(torch::kCPU);
+  lesson08::GradScaler scaler(torch::kCPU);
   EXPECT_THROW(scaler.unscale_(sgd), std::logic_error);
 }
 

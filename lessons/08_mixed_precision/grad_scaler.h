@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-namespace course {
+namespace lesson08 {
 
 //! [options]
 /// torch.amp.GradScaler's arguments and defaults.
@@ -67,4 +67,4 @@ class GradScaler {
   State state_ = State::kReady;
 };
 
-}  // namespace course
+}  // namespace lesson08

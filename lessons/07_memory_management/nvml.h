@@ -5,6 +5,8 @@
 // on a machine without the driver, and smi_view then says why it has nothing to show.
 #pragma once
 
+#include <c10/core/Device.h>  // defines: c10::Device
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -14,9 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include <c10/core/Device.h>  // defines: c10::Device
-
-namespace course {
+namespace lesson07 {
 
 /// One process using the GPU, as nvidia-smi lists it.
 struct GpuProcess {
@@ -57,4 +57,4 @@ class SmiWatch {
   std::thread thread_;  // last: it starts once the members above exist
 };
 
-}  // namespace course
+}  // namespace lesson07

@@ -19,7 +19,7 @@
 #include <c10/core/DeviceType.h>  // defines: c10::DeviceType
 #include <c10/core/ScalarType.h>  // defines: c10::ScalarType
 
-namespace course {
+namespace lesson08 {
 
 /// While an Autocast lives, this thread runs the ops of `device_type` that autocast covers
 /// (matmul, linear, convolution, ...) in `dtype`: kHalf or kBFloat16 (on the CPU kBFloat16 only
@@ -42,4 +42,4 @@ class Autocast {
 /// torch.is_autocast_enabled(device_type): whether autocast is on for `device_type` in this thread.
 bool autocast_enabled(c10::DeviceType device_type);
 
-}  // namespace course
+}  // namespace lesson08

@@ -1,7 +1,7 @@
 // nvml.cpp: smi_view. NVML's few functions used here are declared by hand, with the layouts of
 // NVML's own header (nvml.h, which neither Debian's CUDA packages nor the wheels ship), and looked
 // up with dlsym in libnvidia-ml.so.1, the driver's copy.
-#include "common/nvml.h"
+#include "nvml.h"
 
 #include <dlfcn.h>
 #include <unistd.h>  // defines: getpid
@@ -11,13 +11,13 @@
 
 #include "common/device.h"  // defines: list_gpus, cuda_device_count, why_no_cuda
 
-namespace course {
+namespace lesson07 {
 namespace {
 
 using nvmlReturn_t = int;
 using nvmlDevice_t = void*;
 constexpr nvmlReturn_t kSuccess = 0;
-constexpr nvmlReturn_t kInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+constexpr nvmlReturn_t kInsufficientSize = 7;        // NVML_ERROR_INSUFFICIENT_SIZE
 constexpr unsigned long long kNotAvailable = ~0ULL;  // NVML_VALUE_NOT_AVAILABLE
 
 struct nvmlMemory_t {  // nvmlMemory_t (v1)
@@ -45,8 +45,8 @@ template <typename F>
 bool find(Nvml& nvml, F& function, const char* name) {
   function = reinterpret_cast<F>(dlsym(nvml.library, name));
   if (function == nullptr && nvml.why_not.empty()) {
-    nvml.why_not = std::string("the NVIDIA driver's libnvidia-ml.so.1 has no ") + name +
-                   ": update the driver";
+    nvml.why_not =
+        std::string("the NVIDIA driver's libnvidia-ml.so.1 has no ") + name + ": update the driver";
   }
   return function != nullptr;
 }
@@ -91,8 +91,8 @@ SmiView smi_view(const c10::Device& device) {
     view.why_not = "needs CUDA";
     return view;
   }
-  if (cuda_device_count() == 0) {
-    view.why_not = "needs CUDA: " + why_no_cuda();
+  if (course::cuda_device_count() == 0) {
+    view.why_not = "needs CUDA: " + course::why_no_cuda();
     return view;
   }
   const Nvml& n = nvml();
@@ -102,7 +102,7 @@ SmiView smi_view(const c10::Device& device) {
   }
   // NVML numbers GPUs its own way (CUDA_VISIBLE_DEVICES does not renumber them): the UUID names
   // the same GPU in both.
-  const std::vector<GpuInfo> gpus = list_gpus();
+  const std::vector<course::GpuInfo> gpus = course::list_gpus();
   const auto index = static_cast<size_t>(device.has_index() ? device.index() : 0);
   if (index >= gpus.size() || gpus[index].uuid.empty()) {
     view.why_not = "no UUID for " + device.str();
@@ -183,10 +183,11 @@ void SmiWatch::run(c10::Device device, std::chrono::milliseconds period, std::os
       for (const GpuProcess& p : view.processes) {
         if (p.pid == static_cast<unsigned>(getpid())) mine = p.bytes;
       }
-      std::snprintf(line, sizeof line, "  [nvidia-smi %5.1f s] %s used of %s; this process %s\n",
-                    seconds, format_bytes(static_cast<double>(view.used)).c_str(),
-                    format_bytes(static_cast<double>(view.total)).c_str(),
-                    mine < 0 ? "not listed" : format_bytes(static_cast<double>(mine)).c_str());
+      std::snprintf(
+          line, sizeof line, "  [nvidia-smi %5.1f s] %s used of %s; this process %s\n", seconds,
+          course::format_bytes(static_cast<double>(view.used)).c_str(),
+          course::format_bytes(static_cast<double>(view.total)).c_str(),
+          mine < 0 ? "not listed" : course::format_bytes(static_cast<double>(mine)).c_str());
     }
     out << line << std::flush;
     ++lines_;
@@ -195,4 +196,4 @@ void SmiWatch::run(c10::Device device, std::chrono::milliseconds period, std::os
   }
 }
 
-}  // namespace course
+}  // namespace lesson07

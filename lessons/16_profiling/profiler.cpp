@@ -1,5 +1,5 @@
 // profiler.cpp: the profiler's version differences (see profiler.h).
-#include "common/profiler.h"
+#include "profiler.h"
 
 #include <unistd.h>  // getpid
 
@@ -12,7 +12,7 @@
 #include "common/verdict.h"  // defines: CourseError
 #include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 
-namespace course {
+namespace lesson16 {
 namespace {
 
 using torch::autograd::profiler::KinetoEvent;
@@ -87,13 +87,13 @@ void check_trace_folder(const std::string& path) {
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   std::error_code error;
   if (!folder.empty() && !std::filesystem::is_directory(folder, error)) {
-    throw CourseError("no folder " + folder.string() + " for the trace " + path,
-                      "give --trace a file in a folder that exists (or make the folder first)");
+    throw course::CourseError(
+        "no folder " + folder.string() + " for the trace " + path,
+        "give --trace a file in a folder that exists (or make the folder first)");
   }
 }
 
-bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result,
-                       const std::string& path) {
+bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result, const std::string& path) {
   check_trace_folder(path);
   const std::string part = path + ".part";
   const std::string hint = "give --trace a file in a folder that exists and can be written";
@@ -114,18 +114,19 @@ bool save_chrome_trace(torch::autograd::profiler::ProfilerResult& result,
     out.close();
     if (!out) {
       std::filesystem::remove(part, error);  // no half-written file left behind
-      throw CourseError("cannot write the trace " + path, hint);
+      throw course::CourseError("cannot write the trace " + path, hint);
     }
   }
-  if (!std::filesystem::is_regular_file(part, error) || std::filesystem::file_size(part, error) == 0)
-    throw CourseError("the profiler wrote no trace to " + path, hint);
+  if (!std::filesystem::is_regular_file(part, error) ||
+      std::filesystem::file_size(part, error) == 0)
+    throw course::CourseError("the profiler wrote no trace to " + path, hint);
   std::filesystem::rename(part, path, error);
   if (error) {
     const std::string why = error.message();
     std::filesystem::remove(part, error);
-    throw CourseError("cannot write the trace " + path + ": " + why, hint);
+    throw course::CourseError("cannot write the trace " + path + ": " + why, hint);
   }
   return kineto;
 }
 
-}  // namespace course
+}  // namespace lesson16
