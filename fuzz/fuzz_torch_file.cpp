@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/torch_file.h"  // defines: course::check_torch_file, read_torch_save
+#include "torch_files/torch_file.h"  // defines: course::check_torch_file, read_torch_save
 #include "fuzz_file.h"          // defines: fuzz::write_input
 
 namespace {

@@ -10,7 +10,7 @@
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "common/memory.h"
-#include "nvml.h"
+#include "smi_view.h"
 #include "cuda_test.h"
 #include "memory_management.cpp"
 

@@ -413,7 +413,7 @@ std::string bytes_of(const char (&literal)[N]) {
   return std::string(literal, N - 1);
 }
 
-// Tests that what the check of a torch file refuses (common/torch_file.h, whose own tests cover
+// Tests that what the check of a torch file refuses (torch_files/torch_file.h, whose own tests cover
 // every case) reaches the learner as a CheckpointError from both loaders, the model untouched:
 // a checkpoint with its version record renamed away (LibTorch's reader would leak on it) and a
 // zip whose pickle LibTorch's unpickler would grow a 30 GB memo for (found by fuzz_checkpoint).

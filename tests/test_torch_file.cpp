@@ -1,4 +1,4 @@
-// Tests of common/torch_file.h, the check of a torch file before LibTorch reads it, on files
+// Tests of torch_files/torch_file.h, the check of a torch file before LibTorch reads it, on files
 // made here (by LibTorch's own writers) and by Python's torch (the fuzz seeds): good files pass
 // and read back; every kind of file LibTorch's readers would crash, leak or run out of memory on
 // is refused with its reason; a damaged record is found by its CRC-32; a file saved without
@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/torch_file.h"
+#include "torch_files/torch_file.h"
 #include "scratch_files.h"
 
 namespace {

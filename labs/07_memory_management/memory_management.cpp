@@ -34,8 +34,8 @@
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/device.h"   // defines: format_bytes
 #include "common/memory.h"   // defines: MemoryStats, training_state_bytes, the CPU's budget
-#include "nvml.h"     // defines: smi_view (nvidia-smi's view, from the driver's NVML)
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
+#include "smi_view.h"        // defines: smi_view (nvidia-smi's view, from the driver's NVML)
 
 namespace lesson07 {
 

@@ -13,7 +13,7 @@
 //     survive, divides them back, skips steps that overflowed and adapts its factor. bf16 (the
 //     CPU's) has fp32's range: there the scaler is built disabled, as GradScaler(enabled=False);
 //   - a GPU's tensor cores run 16-bit matmuls faster; a CPU may not: the lesson measures it.
-// LibTorch has neither torch.autocast nor GradScaler: autocast.h and grad_scaler.h beside this file
+// LibTorch has neither torch.autocast nor GradScaler: autocast.h and grad_scaler.h (this folder)
 // are thin C++ versions of Python's, and their headers name every LibTorch call they make.
 //
 // Run:    build/bin/lesson08_mixed_precision [--device auto|cpu|cuda|cuda:N] [--epochs N]
@@ -33,12 +33,13 @@
 #include <string>
 #include <vector>
 
-#include "autocast.h"        // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
 #include "common/cli.h"      // defines: Cli, start_lesson (--device, the device line)
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/timing.h"   // defines: Stopwatch, time_median, per_piece, describe_ms
 #include "common/verdict.h"  // defines: Verdict, report_error
-#include "grad_scaler.h"     // defines: GradScaler (torch.amp.GradScaler)
+
+#include "autocast.h"     // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
+#include "grad_scaler.h"  // defines: GradScaler (torch.amp.GradScaler)
 
 namespace lesson08 {
 

@@ -27,21 +27,20 @@
 //         LibTorch's Adam runs its operators once per parameter tensor (six times the flat
 //         step's). Exit 0 PASS, 1 FAIL,
 //         2 bad flag, missing data or a trace that cannot be written.
+#include <ATen/record_function.h>                 // defines: at::RecordFunction (RECORD_USER_SCOPE)
 #include <torch/csrc/autograd/profiler_kineto.h>  // defines: prepareProfiler, enableProfiler, ...
-#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::data
-
-#include <ATen/record_function.h>  // defines: at::RecordFunction (RECORD_USER_SCOPE)
+#include <torch/torch.h>                          // defines: torch::nn, torch::optim, torch::data
 
 #include <algorithm>
 #include <cstdio>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-#ifdef GPU_LESSONS_WITH_CUDA  // CMake defines it when this LibTorch has CUDA
+#ifdef GPU_LESSONS_WITH_CUDA   // CMake defines it when this LibTorch has CUDA
 #include <nvtx3/nvToolsExt.h>  // defines: nvtxRangePushA, nvtxRangePop (header-only, CUDA toolkit)
 #endif
 
@@ -50,9 +49,10 @@
 #include "common/data.h"             // defines: ImageSet, take
 #include "common/device.h"           // defines: synchronize
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
+#include "common/report.h"           // defines: format
+#include "common/verdict.h"          // defines: Verdict, report_error
+
 #include "profiler.h"  // defines: event_start_us, event_duration_us, save_chrome_trace
-#include "common/report.h"    // defines: format
-#include "common/verdict.h"   // defines: Verdict, report_error
 
 namespace lesson16 {
 
@@ -197,8 +197,8 @@ FastLoop make_fast_loop(const course::ImageSet& train, int steps, const torch::D
   FastLoop loop;
   loop.model->to(device);
   loop.flat = course::flatten_parameters(*loop.model);
-  loop.optimizer = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{loop.flat.values},
-                                                        torch::optim::AdamOptions(kLearningRate));
+  loop.optimizer = std::make_unique<torch::optim::Adam>(
+      std::vector<torch::Tensor>{loop.flat.values}, torch::optim::AdamOptions(kLearningRate));
   const course::ImageSet used = course::take(train, (kWarmupSteps + steps) * kBatchSize);
   loop.images = used.images.to(device);  // the one copy, before any step
   loop.labels = used.labels.to(device);
@@ -238,16 +238,17 @@ std::unique_ptr<profiler::ProfilerResult> profile(const std::function<void()>& s
 struct Event {
   std::string name;
   double start_us = 0, end_us = 0;
-  std::uint64_t thread = 0;          // the host thread; on the device, the stream
-  bool on_device = false;            // a kernel or a copy, timed on the GPU
-  std::vector<std::int64_t> input;   // the first input's shape, when it has one
+  std::uint64_t thread = 0;         // the host thread; on the device, the stream
+  bool on_device = false;           // a kernel or a copy, timed on the GPU
+  std::vector<std::int64_t> input;  // the first input's shape, when it has one
 };
 
 std::vector<Event> events_of(const profiler::ProfilerResult& result) {
   std::vector<Event> events;
   for (const auto& e : result.events()) {
-    Event event{e.name(), event_start_us(e), 0, e.startThreadId(),
-                e.deviceType() != c10::DeviceType::CPU, {}};
+    Event event{
+        e.name(), event_start_us(e), 0, e.startThreadId(), e.deviceType() != c10::DeviceType::CPU,
+        {}};
     event.end_us = event.start_us + event_duration_us(e);
     if (e.hasShapes() && !e.shapes().empty()) event.input = e.shapes()[0];
     events.push_back(std::move(event));
@@ -259,10 +260,10 @@ std::vector<Event> events_of(const profiler::ProfilerResult& result) {
 // One row of prof.key_averages(): every event of one name, summed.
 struct OpRow {
   std::string name;
-  std::int64_t calls = 0;          // on the host (a GPU's kernels and copies: on the device)
-  double self_us = 0;    // host time in the event itself, not in the operators it called
-  double total_us = 0;   // host time from its start to its end, callees included
-  double device_us = 0;  // kernels and copies: their time on the device
+  std::int64_t calls = 0;  // on the host (a GPU's kernels and copies: on the device)
+  double self_us = 0;      // host time in the event itself, not in the operators it called
+  double total_us = 0;     // host time from its start to its end, callees included
+  double device_us = 0;    // kernels and copies: their time on the device
   std::int64_t device_calls = 0;
 };
 
@@ -328,9 +329,9 @@ void print_table(std::vector<OpRow> rows, const std::string& sort_by, int row_li
 // What one loop's profile shows: counts of events by name, and of operators on the batch.
 struct LoopFacts {
   std::map<std::string, std::int64_t> ranges;  // each part's ranges
-  std::int64_t operators = 0;       // ATen operators ("aten::...") in all
-  std::int64_t item_reads = 0;      // aten::_local_scalar_dense: what .item() runs
-  std::int64_t image_moves = 0;     // aten::to on a batch of images: .to(device)
+  std::int64_t operators = 0;                  // ATen operators ("aten::...") in all
+  std::int64_t item_reads = 0;                 // aten::_local_scalar_dense: what .item() runs
+  std::int64_t image_moves = 0;                // aten::to on a batch of images: .to(device)
   std::int64_t image_copies = 0;    // aten::_to_copy on a batch of images: a move that copies
   std::int64_t host_to_device = 0;  // the device's copies from the host ("Memcpy HtoD ...")
   std::int64_t adam_updates = 0;    // aten::addcdiv_: Adam's last operator, once per tensor
@@ -385,20 +386,20 @@ void check_profile(const LoopFacts& tutorial, const LoopFacts& fast, int steps,
                   course::format("Memcpy HtoD: %lld and %lld in %d steps each",
                                  n(tutorial.host_to_device), n(fast.host_to_device), steps));
   } else {  // .to(kCPU) of a tensor on the CPU hands the same tensor back: nothing is copied
-    verdict.check(tutorial.image_moves == steps && fast.image_moves == 0 &&
-                      tutorial.image_copies == 0,
-                  "lesson 05's loop moves each batch (no copy on the CPU), lesson 11's never",
-                  course::format("aten::to on a batch of images: %lld and %lld in %d steps each; "
-                                 "aten::_to_copy on one: %lld",
-                                 n(tutorial.image_moves), n(fast.image_moves), steps,
-                                 n(tutorial.image_copies)));
+    verdict.check(
+        tutorial.image_moves == steps && fast.image_moves == 0 && tutorial.image_copies == 0,
+        "lesson 05's loop moves each batch (no copy on the CPU), lesson 11's never",
+        course::format("aten::to on a batch of images: %lld and %lld in %d steps each; "
+                       "aten::_to_copy on one: %lld",
+                       n(tutorial.image_moves), n(fast.image_moves), steps,
+                       n(tutorial.image_copies)));
   }
-  verdict.check(tutorial.adam_updates == parameter_tensors * steps && fast.adam_updates == steps,
-                "LibTorch's Adam runs its operators once per parameter tensor",
-                course::format("aten::addcdiv_: %lld over %lld tensors and %lld over the flat "
-                               "one, in %d steps each",
-                               n(tutorial.adam_updates), n(parameter_tensors),
-                               n(fast.adam_updates), steps));
+  verdict.check(
+      tutorial.adam_updates == parameter_tensors * steps && fast.adam_updates == steps,
+      "LibTorch's Adam runs its operators once per parameter tensor",
+      course::format("aten::addcdiv_: %lld over %lld tensors and %lld over the flat "
+                     "one, in %d steps each",
+                     n(tutorial.adam_updates), n(parameter_tensors), n(fast.adam_updates), steps));
 }
 //! [checks]
 
@@ -412,7 +413,7 @@ std::string trace_file(const std::string& trace, const char* loop) {
 // Both loops warmed up, then `steps` of each profiled, one profile per loop.
 struct Profiles {
   std::unique_ptr<profiler::ProfilerResult> tutorial, fast;
-  std::int64_t parameter_tensors = 0;      // the model's: six (a weight and a bias per layer)
+  std::int64_t parameter_tensors = 0;       // the model's: six (a weight and a bias per layer)
   double tutorial_loss = 0, fast_loss = 0;  // the mean loss of the steps each loop ran
 };
 
@@ -459,8 +460,11 @@ void run_lesson(const course::FashionMNIST& train, int steps, std::string sort_b
                                 std::pair{profiles.fast.get(), "lesson11"}}) {
       const std::string file = trace_file(trace, loop);
       const bool kineto = save_chrome_trace(*result, file);
-      std::cout << "  " << file << (kineto ? " (Kineto's)" : " (this LibTorch has no Kineto: "
-                                                            "written from the events)") << "\n";
+      std::cout << "  " << file
+                << (kineto ? " (Kineto's)"
+                           : " (this LibTorch has no Kineto: "
+                             "written from the events)")
+                << "\n";
     }
   }
 }
@@ -481,8 +485,9 @@ int main(int argc, char** argv) try {
   cli.add_data_dir();
   cli.add_option("--steps", steps, "steps of each loop to profile (0 = 5, or 3 with --quick)", 0,
                  200);
-  cli.add_path("--trace", trace,
-               "write each loop's profile as a Chrome trace: FILE-lesson05.json, FILE-lesson11.json");
+  cli.add_path(
+      "--trace", trace,
+      "write each loop's profile as a Chrome trace: FILE-lesson05.json, FILE-lesson11.json");
   cli.add_option("--sort", sort_by, "the op table's order (default: self, or device on CUDA)",
                  {"self", "total", "device"});
   if (auto code = cli.parse(argc, argv)) return *code;

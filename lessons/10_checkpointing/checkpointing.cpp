@@ -9,7 +9,7 @@
 //     saved;
 //   - a checkpoint that resumes training: the model, Adam's state and the epoch in one file,
 //     loaded into a fresh ANN and Adam on the device;
-//   - Python's own state_dict files, both ways (common/state_dict.h reads and writes the format).
+//   - Python's own state_dict files, both ways (torch_files/state_dict.h reads and writes the format).
 // Lesson 12 (going further) makes this checkpoint exact, crash-safe and wary of strangers' files.
 //
 // Run:    build/bin/lesson10_checkpointing [--device ...] [--quick]      (the recipe)
@@ -34,7 +34,7 @@
 #include "common/compare.h"     // defines: max_abs_diff
 #include "common/dataset.h"     // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/interrupt.h"   // defines: StopOnInterrupt, stop_requested, epoch_abandoned
-#include "common/state_dict.h"  // defines: CheckpointError, Python's files, the checks of a file
+#include "torch_files/state_dict.h"  // defines: CheckpointError, Python's files, the checks of a file
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/verdict.h"           // defines: Verdict, report_error
 

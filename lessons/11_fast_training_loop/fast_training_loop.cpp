@@ -25,16 +25,17 @@
 #include <map>
 
 #include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's)
-#include "common/cli.h"        // defines: Cli, start_lesson
-#include "common/compare.h"    // defines: tolerance_for
-#include "common/data.h"       // defines: ImageSet, find_fashion_mnist, load_fashion_mnist, take
-#include "common/device.h"     // defines: why_no_cuda
+#include "common/cli.h"      // defines: Cli, start_lesson
+#include "common/compare.h"  // defines: tolerance_for
+#include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist, take
+#include "common/device.h"   // defines: why_no_cuda
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters
-#include "common/interrupt.h"  // defines: stop_requested (Ctrl-C)
-#include "prefetch.h"   // defines: Prefetcher (threads making items ahead, taken in order)
-#include "common/report.h"     // defines: EpochStats, run_epochs, ProgressLine, print_timed_runs
-#include "common/timing.h"     // defines: Stopwatch, count_operators
-#include "common/verdict.h"    // defines: Verdict, report_error
+#include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
+#include "common/report.h"   // defines: EpochStats, run_epochs, ProgressLine, print_timed_runs
+#include "common/timing.h"   // defines: Stopwatch, count_operators
+#include "common/verdict.h"  // defines: Verdict, report_error
+
+#include "prefetch.h"  // defines: Prefetcher (threads making items ahead, taken in order)
 
 namespace lesson11 {
 

@@ -37,7 +37,7 @@
 #include "common/generator.h"         // defines: rng_state, set_rng_state
 #include "common/interrupt.h"         // defines: StopOnInterrupt, Interrupted, epoch_abandoned
 #include "common/report.h"            // defines: format
-#include "common/state_dict.h"        // defines: CheckpointError, checked_copies, tensor_crc32, ...
+#include "torch_files/state_dict.h"        // defines: CheckpointError, checked_copies, tensor_crc32, ...
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/timing.h"            // defines: Stopwatch
 #include "common/verdict.h"           // defines: Verdict, report_error
@@ -300,7 +300,7 @@ using course::kDamagedHint;  // "restore a backup, or delete it to start over"
 //! [open-archive]
 // Opens a LibTorch archive, every tensor made on `device` (map_location). A stranger's file is
 // checked first: LibTorch's readers trust its numbers (sizes, indices, strides), and a damaged one
-// can crash them (common/torch_file.h). LibTorch then reads the very bytes that were checked.
+// can crash them (torch_files/torch_file.h). LibTorch then reads the very bytes that were checked.
 torch::serialize::InputArchive open_archive(const std::string& path, const torch::Device& device) {
   const course::TorchFile file = course::check_libtorch_archive(path, course::CrcCheck::kStructure);
   torch::serialize::InputArchive archive;
@@ -483,7 +483,7 @@ void check_reload(Lesson& lesson, const std::string& path, Training& run,
 // Part 4: bad files, each refused with one line and a HINT, the model and Adam left as they were.
 void refuse_bad_files(Lesson& lesson, Training& run, const Progress& progress) {
   std::cout << "\n== Part 4: bad checkpoints ==\n";
-  // Missing, empty, cut in half, short of its last byte, random bytes (common/state_dict.h):
+  // Missing, empty, cut in half, short of its last byte, random bytes (torch_files/state_dict.h):
   auto bad_files = course::write_damaged_copies(lesson.file("run.pt"), lesson.work, 7);
   // Checkpoints of another model: a wider first layer, a layer missing, a layer extra.
   for (const auto& [what, tensors] : course::misfit_state_dicts(course::state_dict(*run.model))) {

@@ -77,10 +77,15 @@ grep -Eq '^WAIVED +plots ' "$summary" || ls "$t"/docs/benchmarks/plots/*-gpu.svg
   bench_memorylesson01 ] || fail "--only did not run bench_memory, then lesson01: $(cat "$out/only/summary.txt")"
 ! grep -Eq '^[A-Z]+ +(transcripts|yardstick|lesson02) ' "$out/only/summary.txt" ||
   fail "--only ran more than its items: $(cat "$out/only/summary.txt")"
-"$root/scripts/gpu-pass" "$out/bad" --stage run --device cpu --build-dir "$build" --only 'lesson01 banana' \
-  >"$out/bad.log" 2>&1; rc=$?
-[ $rc -eq 2 ] && grep -q HINT "$out/bad.log" && [ ! -e "$out/bad/summary.txt" ] ||
-  fail "--only with an unknown item: exit $rc, or it ran first: $(cat "$out/bad.log")"
+# Refused before anything runs: an unknown item or lesson, seconds that are not a number or under
+# 15, --only outside the run stages.
+for bad in "run|lesson01:60 banana" "run|lesson01:60 lesson99" "run|lesson01:abc" "run|lesson01:0" \
+           "all|lesson01"; do
+  "$root/scripts/gpu-pass" "$out/bad" --device cpu --build-dir "$build" --stage "${bad%%|*}" \
+    --only "${bad#*|}" >"$out/bad.log" 2>&1; rc=$?
+  [ $rc -eq 2 ] && grep -q HINT "$out/bad.log" && ! grep -q '^gpu-pass: lesson01 (at most' "$out/bad.log" ||
+    fail "--stage ${bad%%|*} --only '${bad#*|}': exit $rc, or it ran an item first: $(cat "$out/bad.log")"
+done
 
 # Refusals: a clear message with a HINT, exit 2.
 if ! "$build/bin/lesson01_device_check" --device cuda:0 >/dev/null 2>&1; then

@@ -16,10 +16,12 @@ grep -q '"name": "BM_PeakMatmulCpu/precision:0/n:2048/manual_time_median"' "$tmp
 ls "$tmp/ok"/*.part 2>/dev/null && { echo "FAILED: part files left"; exit 1; }
 [ "$(ls "$tmp/ok"/*.json | wc -l)" -eq 1 ] ||
   { ls "$tmp/ok"; echo "FAILED: --programs bench_scaling ran other programs too"; exit 1; }
-BUILD_DIR=$build "$scripts/run-benchmarks" "$tmp/no" --programs bench_nothing > "$tmp/no.log" 2>&1
-rc=$?
-[ $rc -eq 2 ] && grep -q HINT "$tmp/no.log" ||
-  { cat "$tmp/no.log"; echo "FAILED: an unknown program exited $rc without a HINT"; exit 1; }
+for bad in bench_nothing lesson01_device_check ""; do
+  BUILD_DIR=$build "$scripts/run-benchmarks" "$tmp/no" --programs "$bad" > "$tmp/no.log" 2>&1
+  rc=$?
+  [ $rc -eq 2 ] && grep -q HINT "$tmp/no.log" ||
+    { cat "$tmp/no.log"; echo "FAILED: --programs '$bad' exited $rc without a HINT"; exit 1; }
+done
 BUILD_DIR=$build "$scripts/run-benchmarks" "$tmp/none" --budget 1 -- "$filter" > "$tmp/none.log" 2>&1
 rc=$?
 cat "$tmp/none.log"

@@ -5,7 +5,7 @@
 // it and before torch::load or Module::load takes its shapes; Adam's state per parameter; and
 // CRC-32s of tensors and of Adam's state (a checkpoint's own checksum); damaged files and other
 // models' state_dicts, to show a loader refusing them.
-// The file format's own checks are common/torch_file.h's.
+// The file format's own checks are torch_files/torch_file.h's.
 #pragma once
 
 #include <torch/nn/module.h>                // defines: torch::nn::Module
@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/torch_file.h"  // defines: TorchFile, CrcCheck
+#include "torch_files/torch_file.h"  // defines: TorchFile, CrcCheck
 #include "common/verdict.h"     // defines: CourseError
 
 namespace course {

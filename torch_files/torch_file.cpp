@@ -1,6 +1,6 @@
 // torch_file.cpp: the checks of torch_file.h. What each refuses, and why, is said where it is
 // checked; the refusals' wording is what the lessons print after "is not a ... (".
-#include "common/torch_file.h"
+#include "torch_files/torch_file.h"
 
 #include <caffe2/serialize/in_memory_adapter.h>  // defines: MemoryReadAdapter
 #include <caffe2/serialize/inline_container.h>   // defines: PyTorchStreamReader/Writer (zip)

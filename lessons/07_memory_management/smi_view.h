@@ -1,5 +1,5 @@
-// nvml.h defines: smi_view, what nvidia-smi shows for one GPU (the driver's used and total memory,
-// and every process using the GPU with its memory), read from the NVIDIA management library
+// smi_view.h defines: smi_view, what nvidia-smi shows for one GPU (the driver's used and total
+// memory, and every process using the GPU with its memory), read from the NVIDIA management library
 // (NVML, the library nvidia-smi itself reads). NVML comes with the NVIDIA driver, not with CUDA's
 // toolkit or LibTorch, so it is loaded at run time: a program that uses it still starts and runs
 // on a machine without the driver, and smi_view then says why it has nothing to show.

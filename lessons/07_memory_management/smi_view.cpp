@@ -1,7 +1,7 @@
-// nvml.cpp: smi_view. NVML's few functions used here are declared by hand, with the layouts of
+// smi_view.cpp: smi_view. NVML's few functions used here are declared by hand, with the layouts of
 // NVML's own header (nvml.h, which neither Debian's CUDA packages nor the wheels ship), and looked
 // up with dlsym in libnvidia-ml.so.1, the driver's copy.
-#include "nvml.h"
+#include "smi_view.h"
 
 #include <dlfcn.h>
 #include <unistd.h>  // defines: getpid

@@ -1,4 +1,5 @@
-// Tests of lesson 07's view of the GPU as nvidia-smi sees it (lessons/07_memory_management/nvml.h).
+// Tests of lesson 07's view of the GPU as nvidia-smi sees it
+// (lessons/07_memory_management/smi_view.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +9,7 @@
 #include <thread>
 
 #include "common/device.h"  // defines: cuda_device_count
-#include "nvml.h"
+#include "smi_view.h"
 
 // Tests that nvidia-smi's view needs a CUDA device, and says why it has nothing without one: the
 // library behind it is loaded at run time, so asking for it on a machine without the NVIDIA driver

@@ -1,5 +1,5 @@
 // state_dict.cpp: see state_dict.h.
-#include "common/state_dict.h"
+#include "torch_files/state_dict.h"
 
 #include <ATen/core/Dict.h>  // defines: c10::impl::GenericDict
 #include <torch/types.h>     // defines: torch::NoGradGuard
