@@ -1,7 +1,8 @@
 # flavour.sh (sourced by the scripts): the LibTorch flavour and its build folder.
 #   GPU_LESSONS_TORCH  auto (default) | debian | 2.11    (see cmake/libtorch.cmake)
-#   BUILD_DIR          default: build for auto, build-debian and build-2.11 for the others,
-#                      so that the two flavours never share a folder
+#   BUILD_DIR          default: build for auto, build-debian and build-2.11 for the others
+#                      (CMakePresets.json's folders), so that the two flavours never share a
+#                      folder; run-tests always uses the preset's
 # Sets: flavour, build.
 flavour=${GPU_LESSONS_TORCH:-auto}
 case "$flavour" in

@@ -1,9 +1,9 @@
 // Tests of lesson 09: DataParallel's forward and its steps against one model, the rendezvous and
 // the collectives on real c10d groups (Gloo ranks as threads of this process, meeting in a
 // TCPStore or a HashStore), training ranks that end equal, and NCCL on a GPU. The sharding of an
-// epoch across ranks (common/sampler.h) is tested in test_common. The two-process jobs (a rank
-// killed, a rank missing) are CTest tests of the binary itself (tests/cmake/job_ranks.sh); lesson
-// 14 tests what happens when ranks fail.
+// epoch across ranks (distributed/sampler.h) is tested in tests/distributed/test_sampler.cpp. The
+// two-process jobs (a rank killed, a rank missing) are CTest tests of the binary itself
+// (tests/cmake/job_ranks.sh); lesson 14 tests what happens when ranks fail.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 

@@ -26,16 +26,16 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "common/ann.h"      // defines: make_train_loader, test_accuracy, FashionMNIST
-#include "common/c10d.h"     // defines: CommGroup (Gloo's and NCCL's base class), shutdown_group
-#include "common/cli.h"      // defines: Cli, start_lesson, available_cores
-#include "common/compare.h"  // defines: max_rel_diff, tolerance_for, gradients, checksum
-#include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
-#include "common/device.h"   // defines: cuda_device_count
-#include "common/launch.h"   // defines: RankInfo, rank_from_environment, join_job, exit_lost_job
-#include "common/sampler.h"  // defines: epoch_order, shard_indices (DistributedSampler's work)
-#include "common/timing.h"   // defines: Stopwatch, time_median, describe_ms
-#include "common/verdict.h"  // defines: Verdict, CourseError, print_error, report_error
+#include "common/ann.h"           // defines: make_train_loader, test_accuracy, FashionMNIST
+#include "common/cli.h"           // defines: Cli, start_lesson, available_cores
+#include "common/compare.h"       // defines: max_rel_diff, tolerance_for, gradients, checksum
+#include "common/data.h"          // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/device.h"        // defines: cuda_device_count
+#include "common/timing.h"        // defines: Stopwatch, time_median, describe_ms
+#include "common/verdict.h"       // defines: Verdict, CourseError, print_error, report_error
+#include "distributed/c10d.h"     // defines: CommGroup (Gloo and NCCL ranks), shutdown_group
+#include "distributed/launch.h"   // defines: rank_from_environment, join_job, exit_lost_job
+#include "distributed/sampler.h"  // defines: epoch_order, shard_indices (DistributedSampler's work)
 
 namespace lesson09 {
 

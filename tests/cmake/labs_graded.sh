@@ -1,7 +1,7 @@
 #!/bin/sh
-# labs_graded.sh ROOT LAB_BUILD_DIR FLAVOUR: for every lab in ROOT/labs, the untouched starter
-# builds and fails scripts/grade-lab (exit 1: built, some check failed); lesson 05's own folder
-# passes it (exit 0). So the grader can neither pass an empty answer nor fail a right one. (The
+# labs_graded.sh ROOT LAB_BUILD_DIR FLAVOUR: for every lab scripts/make-labs makes from ROOT's
+# lessons, the untouched starter builds and fails scripts/grade-lab (exit 1: built, some check
+# failed); lesson 05's own folder passes it (exit 0). So the grader can neither pass an empty answer nor fail a right one. (The
 # grader runs a lesson's own tests, the same for every lab: lessonNN.*, smoke and cli; each
 # lesson passes them in the suite this test belongs to, so one lesson graded shows the passing
 # path, and the ten other builds of lessons as they are would repeat the suite's.) And labs 05
@@ -25,7 +25,9 @@ grade() {
   for pattern in "$@"; do grep -q "$pattern" "$log" || ok=0; done
   if [ $ok -eq 0 ]; then cat "$log"; status=1; fi
 }
-for lab in "$root"/labs/[0-9][0-9]_*/; do
+rm -rf "$LAB_BUILD_DIR/starters"
+"$root/scripts/make-labs" "$LAB_BUILD_DIR/starters" || exit 1
+for lab in "$LAB_BUILD_DIR"/starters/[0-9][0-9]_*/; do
   grade "$(basename "$lab" | cut -c1-2)" "" 1 starter
 done
 grade 05 "$root/lessons/05_training_loop" 0 lesson

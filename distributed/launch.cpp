@@ -1,6 +1,6 @@
 // launch.cpp: torchrun's environment variables, read and checked; what a rank says when it
 // cannot join its job or loses it; the ranks of a job started on this host.
-#include "common/launch.h"
+#include "distributed/launch.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

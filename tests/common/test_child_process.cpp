@@ -1,0 +1,88 @@
+// Tests of common/child_process.h: a child process: its lines, kills, signals and environment.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/child_process.h"
+// Tests a child process: its lines read back one by one, a kill that ends it at once (SIGKILL),
+// and a program that does not exist is an error naming it.
+TEST(ChildProcess, ReadsLinesAndKills) {
+  const auto start = std::chrono::steady_clock::now();
+  // exec: the shell becomes `sleep`, so that the kill reaches the one process holding the pipe.
+  course::ChildProcess child({"/bin/sh", "-c", "echo one; echo two; exec sleep 60"});
+  std::string line;
+  ASSERT_TRUE(child.read_line(line));
+  EXPECT_EQ(line, "one");
+  ASSERT_TRUE(child.read_line(line));
+  EXPECT_EQ(line, "two");
+  const int status = child.kill();
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  EXPECT_FALSE(child.read_line(line));  // its output ends with it
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  try {
+    course::ChildProcess missing({"/no/such/program"});
+    ADD_FAILURE() << "started a program that does not exist";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/no/such/program"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::exists(course::self_executable()));
+}
+
+// Tests the crash test's loop: each kill is followed by the check, its failures counted and the
+// first one kept, and the piece of work between two lines measured.
+TEST(ChildProcess, KillRepeatedlyChecksAfterEachKill) {
+  int checks = 0;
+  const course::KillReport report = course::kill_repeatedly(
+      {"/bin/sh", "-c", "while :; do echo piece; sleep 0.02; done"}, /*lines=*/2, /*kills=*/4,
+      /*seed=*/1, [&] {
+        if (++checks % 2 == 0) throw std::runtime_error("torn " + std::to_string(checks));
+      });
+  EXPECT_EQ(report.kills, 4);
+  EXPECT_EQ(checks, 4);
+  EXPECT_EQ(report.survived, 2);
+  EXPECT_EQ(report.failure, "torn 2");
+  EXPECT_GT(report.piece_seconds, 0.0);
+}
+
+// Tests what a distributed job's test needs of a child: variables added to its environment (one
+// of them replacing this process's), its standard error in the same pipe, a stopped child that
+// wait_for() reports as still running, and its exit status once it ends by itself.
+TEST(ChildProcess, EnvironmentSignalsAndWait) {
+  setenv("GPU_LESSONS_TEST_VAR", "parent", 1);
+  course::ChildProcess child(
+      {"/bin/sh", "-c", "echo \"$GPU_LESSONS_TEST_VAR $OTHER_VAR\"; echo oops >&2; exit 3"},
+      {"GPU_LESSONS_TEST_VAR=child", "OTHER_VAR=two"}, /*with_stderr=*/true);
+  std::string line;
+  ASSERT_TRUE(child.read_line(line));
+  EXPECT_EQ(line, "child two");
+  EXPECT_EQ(child.read_rest(), std::vector<std::string>{"oops"});
+  const std::optional<int> status = child.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 3);
+  unsetenv("GPU_LESSONS_TEST_VAR");
+
+  course::ChildProcess sleeper({"/bin/sh", "-c", "echo up; exec sleep 60"});
+  ASSERT_TRUE(sleeper.read_line(line));
+  sleeper.signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(sleeper.wait_for(std::chrono::milliseconds(200)).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  const int killed = sleeper.kill();  // SIGKILL ends a stopped process too
+  EXPECT_TRUE(WIFSIGNALED(killed));
+  EXPECT_EQ(sleeper.wait_for(std::chrono::milliseconds(0)), killed);
+  EXPECT_EQ(course::describe_status(killed), "killed by SIGKILL");
+  EXPECT_EQ(course::describe_status(*status), "exit 3");
+  EXPECT_TRUE(sleeper.read_rest().empty());
+}
