@@ -53,10 +53,15 @@ void counted_free(void* data) {
   std::free(base);
 }
 
+// LibTorch 1.13 declares allocate() const; 2.x declares it non-const and adds a pure virtual
+// copy_data(). Defining both overloads and copy_data() fits either interface, and so none of them
+// can say `override` in both (clang asks for it where another member has it).
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  // LibTorch 1.13 declares allocate() const; 2.x declares it non-const and adds a pure virtual
-  // copy_data(). Defining both overloads and copy_data() fits either interface.
   c10::DataPtr allocate(size_t bytes) const { return counted_allocate(bytes); }
   c10::DataPtr allocate(size_t bytes) { return counted_allocate(bytes); }
   void copy_data(void* dest, const void* src, std::size_t count) const {
@@ -94,6 +99,9 @@ class CountingCpuAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &counted_free, cpu);
   }
 };
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 std::atomic<bool> g_installed{false};
 

@@ -6,5 +6,5 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"
-cmake -S "$root" --preset "$flavour" -B "$build" "$@"
+configure "$flavour" "$build" "$@"
 cmake --build "$build" -j "$(nproc)"

@@ -11,12 +11,14 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <regex>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "crash_safe_checkpoints.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
+#include "program_run.h"
 #include "scratch_files.h"
 
 namespace {
@@ -507,6 +509,74 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
       lesson12::load_checkpoint(again, device, scratch.file("gpu.pt"));
   EXPECT_TRUE(restored.cuda_rng);
   EXPECT_TRUE(torch::equal(torch::rand({8}, device), next_gpu_draw));  // restored
+}
+
+// ---- on the command line: the lesson's program (LESSON12_BINARY), as a learner runs it -------
+// Tests a run resumed across processes: --epochs 1, then --epochs 2 in a new process resumes from
+// epoch 1, then --epochs 2 again has nothing left to train; each passes.
+TEST(Cli, ResumeInANewProcess) {
+  Scratch dir;
+  const std::vector<std::string> run = {LESSON12_BINARY, "--quick", "--checkpoint",
+                                        dir.file("run.pt"), "--epochs"};
+  auto with = [&](const std::string& epochs) {
+    std::vector<std::string> argv = run;
+    argv.push_back(epochs);
+    return run_program(argv);
+  };
+  const ProgramRun first = with("1");
+  EXPECT_EQ(first.exit_code, 0) << first.what();
+  EXPECT_TRUE(first.printed("no checkpoint at")) << first.what();
+  const ProgramRun resumed = with("2");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.what();
+  EXPECT_TRUE(std::regex_search(resumed.output, std::regex("resumed from .*epoch 1")))
+      << resumed.what();
+  const ProgramRun done = with("2");
+  EXPECT_EQ(done.exit_code, 0) << done.what();
+  EXPECT_TRUE(done.printed("already at epoch 2")) << done.what();
+}
+
+// Tests that a checkpoint of a --quick run, resumed without --quick, stops with exit 2 and a HINT
+// naming the flags to resume with.
+TEST(Cli, ResumeWithOtherSettings) {
+  Scratch dir;
+  const ProgramRun quick =
+      run_program({LESSON12_BINARY, "--quick", "--checkpoint", dir.file("run.pt"), "--epochs", "1"});
+  EXPECT_EQ(quick.exit_code, 0) << quick.what();
+  EXPECT_TRUE(quick.printed("RESULT: PASS")) << quick.what();
+  const ProgramRun other =
+      run_program({LESSON12_BINARY, "--checkpoint", dir.file("run.pt"), "--epochs", "2"});
+  EXPECT_EQ(other.exit_code, 2) << other.what();
+  EXPECT_TRUE(other.printed("HINT: resume with the flags")) << other.what();
+}
+
+// Tests that a checkpoint of random bytes stops the run with exit 2 and a HINT.
+TEST(Cli, CorruptCheckpoint) {
+  Scratch dir;
+  std::mt19937 random(12);
+  std::string bytes(100000, '\0');
+  for (char& byte : bytes) byte = static_cast<char>(random());
+  write_bytes(dir.file("run.pt"), bytes);
+  const ProgramRun run =
+      run_program({LESSON12_BINARY, "--quick", "--checkpoint", dir.file("run.pt"), "--epochs", "1"});
+  EXPECT_EQ(run.exit_code, 2) << run.what();
+  EXPECT_TRUE(run.printed("HINT:")) << run.what();
+}
+
+// Tests that --checkpoint in a folder that does not exist stops with exit 2 before any training.
+TEST(Cli, UnwritableFolder) {
+  Scratch dir;
+  const ProgramRun run =
+      run_program({LESSON12_BINARY, "--quick", "--checkpoint", dir.file("no/such/run.pt")});
+  EXPECT_EQ(run.exit_code, 2) << run.what();
+  EXPECT_TRUE(run.printed("HINT: create the folder")) << run.what();
+}
+
+// Tests that --help lists the learner's flags, not the crash test's own (--save-loop, --in-place).
+TEST(Cli, Help) {
+  const ProgramRun run = run_program({LESSON12_BINARY, "--help"});
+  EXPECT_EQ(run.exit_code, 0) << run.what();
+  EXPECT_TRUE(run.printed("--checkpoint")) << run.what();
+  EXPECT_FALSE(run.printed("--save-loop") || run.printed("--in-place")) << run.what();
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ std::uint64_t little_endian(const std::string& bytes, std::size_t at, int size) 
 
 // The zip's central directory, found the way LibTorch's zip reader (miniz) finds it: the last
 // end-of-directory record, or the zip64 one that a zip64 locator just before it points at.
-// Empty when there is none, or when an entry runs past the file. (LibTorch's reader does not
-// check the CRC-32s recorded here: check_torch_file does.)
+// Empty when there is none, or when an entry (its name, extra field or comment) runs past the
+// file. (LibTorch's reader does not check the CRC-32s recorded here: check_torch_file does.)
 std::vector<ZipEntry> zip_directory(const std::string& zip) {
   std::vector<ZipEntry> entries;
   if (zip.size() < 22) return entries;
@@ -63,7 +63,11 @@ std::vector<ZipEntry> zip_directory(const std::string& zip) {
     const std::uint64_t name = little_endian(zip, offset + 28, 2);
     const std::uint64_t extra = little_endian(zip, offset + 30, 2);
     const std::uint64_t comment = little_endian(zip, offset + 32, 2);
-    if (zip.size() - offset - 46 < name) {
+    // The whole entry, its extra field and comment too, within the file: LibTorch 1.13's zip
+    // reader (miniz) reads an entry's extra field, when its sizes or local header offset say
+    // zip64 (0xFFFFFFFF), from the directory's start with the length the entry gives, and its
+    // in-memory reader copies that many bytes whatever the file holds (found by fuzz_torch_file).
+    if (zip.size() - offset - 46 < name + extra + comment) {
       entries.clear();
       return entries;
     }

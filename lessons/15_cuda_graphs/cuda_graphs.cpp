@@ -57,7 +57,7 @@ constexpr std::int64_t kBatchSize = 64;  // the tutorial's DataLoader(batch_size
 constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.001)
 constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // torch::optim::Adam's defaults
 constexpr int kSteps = 300, kQuickSteps = 40;  // --steps: batches each check trains on
-constexpr int kGraphWarmupSteps = 3;  // eager steps on the capture stream before the capture
+[[maybe_unused]] constexpr int kGraphWarmupSteps = 3;  // eager steps before the capture
 constexpr int kTimedSteps = 50;       // steps per timed run; the median of kTimedRuns runs
 constexpr int kTimedRuns = 5;
 // DeviceAdam folds lr / (1 - beta1^t) into its divisor, so a step may round a last bit otherwise
@@ -250,8 +250,8 @@ class GraphedStep {
 
  private:
   ANN model_;
-  DeviceAdam& adam_;
-  int calls_ = 0;
+  [[maybe_unused]] DeviceAdam& adam_;  // used by the CUDA path only
+  [[maybe_unused]] int calls_ = 0;
   bool captured_ = false;
 #ifdef GPU_LESSONS_WITH_CUDA  // made once the device is known to be a GPU
   std::optional<c10::cuda::CUDAStream> stream_;

@@ -93,7 +93,9 @@ TEST(StateDict, LoadIsStrictAndAllOrNothing) {
       {ints, "'out.bias' is [2] Long in the file"}};
   for (const auto& [tensors, expected] : bad) {
     const std::string refusal =
-        refusal_of([&] { course::load_state_dict(*model, tensors, "file.pt", "the fix"); });
+        refusal_of([&, &tensors = tensors] {  // C++17 lambdas capture no structured binding
+          course::load_state_dict(*model, tensors, "file.pt", "the fix");
+        });
     EXPECT_NE(refusal.find(expected), std::string::npos) << refusal;
     EXPECT_EQ(refusal.rfind("file.pt", 0), 0u) << refusal;
     EXPECT_TRUE(torch::equal(model->fc1->weight, before)) << expected;
@@ -191,7 +193,8 @@ TEST(StateDict, LibTorchArchivesAreCheckedBeforeTheyAreRead) {
       {scratch.file("cut.pt"), "is not a readable LibTorch archive"},
       {scratch.file("wide.pt"), "'fc1.weight' is [8, 3]"}};
   for (const auto& [path, expected] : bad) {
-    const std::string refusal = refusal_of([&] { course::check_module_file(*model, path); });
+    const std::string refusal =
+        refusal_of([&, &path = path] { course::check_module_file(*model, path); });
     EXPECT_NE(refusal.find(expected), std::string::npos) << refusal;
   }
   torch::serialize::InputArchive archive;

@@ -183,6 +183,18 @@ TEST_F(TorchFileTest, FilesLibTorchsReaderWouldLeakOnAreRefused) {
             std::string::npos);
 }
 
+// Tests the file fuzz_torch_file found: a directory entry whose local header offset says zip64
+// (0xFFFFFFFF) and whose extra field runs past the file. LibTorch 1.13's zip reader would copy the
+// extra field's length from its buffer, past the file's end; every other check passes it. The
+// check refuses it before LibTorch reads the file.
+TEST(TorchFileRegression, DirectoryEntryRunningPastTheFileIsRefused) {
+  const std::string path = std::string(FUZZ_REGRESSIONS) + "/zip-extra-field-past-the-end";
+  ASSERT_FALSE(read_bytes(path).empty()) << path;
+  EXPECT_NE(course::check_torch_file(path, course::CrcCheck::kStructure)
+                .refusal.find("no zip directory"),
+            std::string::npos);
+}
+
 // Tests the pickles LibTorch 1.13's unpickler would run into trouble on, each in a zip with
 // correct CRCs: it would grow its memo table to any index (30 GB for the one the fuzzer found),
 // allocate a string's length before reading it, read past its stack or its marks, make a storage
