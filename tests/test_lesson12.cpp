@@ -18,6 +18,7 @@
 #include "crash_safe_checkpoints.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
+#include "checkpoint_cli.h"
 #include "program_run.h"
 #include "scratch_files.h"
 
@@ -514,26 +515,7 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
 // ---- on the command line: the lesson's program (LESSON12_BINARY), as a learner runs it -------
 // Tests a run resumed across processes: --epochs 1, then --epochs 2 in a new process resumes from
 // epoch 1, then --epochs 2 again has nothing left to train; each passes.
-TEST(Cli, ResumeInANewProcess) {
-  Scratch dir;
-  const std::vector<std::string> run = {LESSON12_BINARY, "--quick", "--checkpoint",
-                                        dir.file("run.pt"), "--epochs"};
-  auto with = [&](const std::string& epochs) {
-    std::vector<std::string> argv = run;
-    argv.push_back(epochs);
-    return run_program(argv);
-  };
-  const ProgramRun first = with("1");
-  EXPECT_EQ(first.exit_code, 0) << first.what();
-  EXPECT_TRUE(first.printed("no checkpoint at")) << first.what();
-  const ProgramRun resumed = with("2");
-  EXPECT_EQ(resumed.exit_code, 0) << resumed.what();
-  EXPECT_TRUE(std::regex_search(resumed.output, std::regex("resumed from .*epoch 1")))
-      << resumed.what();
-  const ProgramRun done = with("2");
-  EXPECT_EQ(done.exit_code, 0) << done.what();
-  EXPECT_TRUE(done.printed("already at epoch 2")) << done.what();
-}
+TEST(Cli, ResumeInANewProcess) { expect_resume_in_a_new_process(LESSON12_BINARY); }
 
 // Tests that a checkpoint of a --quick run, resumed without --quick, stops with exit 2 and a HINT
 // naming the flags to resume with.
@@ -550,26 +532,10 @@ TEST(Cli, ResumeWithOtherSettings) {
 }
 
 // Tests that a checkpoint of random bytes stops the run with exit 2 and a HINT.
-TEST(Cli, CorruptCheckpoint) {
-  Scratch dir;
-  std::mt19937 random(12);
-  std::string bytes(100000, '\0');
-  for (char& byte : bytes) byte = static_cast<char>(random());
-  write_bytes(dir.file("run.pt"), bytes);
-  const ProgramRun run =
-      run_program({LESSON12_BINARY, "--quick", "--checkpoint", dir.file("run.pt"), "--epochs", "1"});
-  EXPECT_EQ(run.exit_code, 2) << run.what();
-  EXPECT_TRUE(run.printed("HINT:")) << run.what();
-}
+TEST(Cli, CorruptCheckpoint) { expect_corrupt_checkpoint_refused(LESSON12_BINARY); }
 
 // Tests that --checkpoint in a folder that does not exist stops with exit 2 before any training.
-TEST(Cli, UnwritableFolder) {
-  Scratch dir;
-  const ProgramRun run =
-      run_program({LESSON12_BINARY, "--quick", "--checkpoint", dir.file("no/such/run.pt")});
-  EXPECT_EQ(run.exit_code, 2) << run.what();
-  EXPECT_TRUE(run.printed("HINT: create the folder")) << run.what();
-}
+TEST(Cli, UnwritableFolder) { expect_unwritable_folder_refused(LESSON12_BINARY); }
 
 // Tests that --help lists the learner's flags, not the crash test's own (--save-loop, --in-place).
 TEST(Cli, Help) {
