@@ -2,8 +2,8 @@
 // the collectives on real c10d groups (Gloo ranks as threads of this process, meeting in a
 // TCPStore or a HashStore), training ranks that end equal, and NCCL on a GPU. The sharding of an
 // epoch across ranks (distributed/sampler.h) is tested in tests/distributed/test_sampler.cpp. The
-// two-process jobs (a rank killed, a rank missing) are CTest tests of the binary itself
-// (tests/cmake/job_ranks.sh); lesson 14 tests what happens when ranks fail.
+// two-process jobs (a rank killed, a rank missing) run the program itself (tests/test_programs.cpp,
+// Jobs); lesson 14 tests what happens when ranks fail.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 

@@ -3,9 +3,9 @@
 // arrives) each within its timeout, a collective that gives up on a rank that stopped taking part,
 // and the checks of the silent failures (the summed gradient against one process's, the ranks'
 // parameters against rank 0's, what the ranks learn against one process), which leave lesson 09's
-// loop as it is. Ranks are threads of this process; the two-process jobs (a rank killed, never
-// arriving, on GPUs) are CTest tests of the binary itself (tests/cmake/job_ranks.sh), and the
-// binary run plainly fails ranks itself.
+// loop as it is. Ranks are threads of this process; the jobs of processes (a rank killed, never
+// arriving, on GPUs) run the program itself (tests/test_programs.cpp, Jobs and Lesson14Jobs), and
+// the program run plainly fails ranks itself.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -210,7 +210,7 @@ class Lesson14Training : public FashionMnistTest {
 // Tests what data parallelism promises, on real ranks (threads, Gloo over a HashStore): every
 // rank holds identical parameters after every step, and the summed gradient of the first steps is
 // one process's gradient over the global batch from the same parameters. (What the ranks learn
-// against one process is checked by the ranks of a real job: lesson14.job.two-ranks.)
+// against one process is checked by the ranks of a real job: Jobs.TwoRanksPassWithTheSameParameters in tests/test_programs.cpp.)
 TEST_F(Lesson14Training, SummedGradientIsTheGlobalBatchsGradient) {
   constexpr int kWorld = 2;
   constexpr std::int64_t kBatch = 32;
