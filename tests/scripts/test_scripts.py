@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Tests of the course's scripts, each class one CTest test (tests/CMakeLists.txt names it and
+gives its folders in the environment: GPU_LESSONS_ROOT, the source tree; GPU_LESSONS_BUILD, the
+build; and what a class needs besides). A class that cannot run here skips (unittest's "OK
+(skipped=N)", which CTest counts as skipped), saying what is missing.
+
+  Lesson16Trace   lesson 16's --trace writes two Chrome traces that scripts/plot-trace draws
+  PlotBenchmarks  scripts/plot-benchmarks draws the recorded JSON, and names a file cut short
+  RunBenchmarks   scripts/run-benchmarks --budget and --programs
+  GpuPass         scripts/gpu-pass rehearsed on the CPU, as a GPU server runs it
+  LabsGraded      every lab's starter fails scripts/grade-lab, a lesson passes it
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import unittest
+
+ROOT = os.environ.get("GPU_LESSONS_ROOT", "")
+BUILD = os.environ.get("GPU_LESSONS_BUILD", "")
+SCRIPTS = os.path.join(ROOT, "scripts")
+SYSTEM_PYTHON = "/usr/bin/python3"  # the plots' Python (matplotlib from Debian's packages)
+
+
+def run(args, env=None, cwd=None):
+    """Runs `args` to its end: (exit code, standard output and error as one text)."""
+    done = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=None if env is None else {**os.environ, **env}, cwd=cwd)
+    return done.returncode, done.stdout
+
+
+def has_matplotlib():
+    return run([SYSTEM_PYTHON, "-c", "import matplotlib"])[0] == 0
+
+
+class Scratch(unittest.TestCase):
+    """A fresh folder for each test, removed afterwards."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpu-lessons-scripts-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def path(self, *parts):
+        return os.path.join(self.tmp, *parts)
+
+
+class Lesson16Trace(Scratch):
+    """Lesson 16's --trace FILE writes two Chrome traces that parse as JSON, each with complete
+    events ("ph": "X") for every profiled step's ranges, which scripts/plot-trace draws as one
+    timeline picture; an unwritable --trace exits 2 with a HINT."""
+
+    LESSON = os.path.join(BUILD, "bin", "lesson16_profiling")
+    STEPS = 3  # lesson 16's kQuickSteps
+
+    def test_traces_hold_every_steps_ranges(self):
+        code, out = run([self.LESSON, "--quick", "--device", "cpu", "--trace", self.path("t.json")])
+        self.assertEqual(code, 0, out)
+        for loop in ("lesson05", "lesson11"):
+            with open(self.path(f"t-{loop}.json")) as f:
+                events = json.load(f)["traceEvents"]
+            ranges = [e for e in events if e.get("ph") == "X" and
+                      e.get("name") in ("forward", "backward", "optimizer.step")]
+            self.assertEqual(len(ranges), 3 * self.STEPS, f"{loop}: the three parts' ranges")
+        if not has_matplotlib():
+            self.skipTest("no matplotlib in /usr/bin/python3: the picture is not drawn "
+                          "(apt-get install python3-matplotlib)")
+        picture = self.path("timeline.png")
+        code, out = run([os.path.join(SCRIPTS, "plot-trace"), picture, self.path("t-lesson05.json"),
+                         self.path("t-lesson11.json"), "--titles", "lesson 05's loop",
+                         "lesson 11's loop"])
+        self.assertEqual(code, 0, out)
+        with open(picture, "rb") as f:
+            self.assertEqual(f.read(4), b"\x89PNG")
+
+    def test_an_unwritable_trace_exits_2_with_a_hint(self):
+        code, out = run([self.LESSON, "--quick", "--device", "cpu", "--trace",
+                         self.path("no-such-folder", "t.json")])
+        self.assertEqual(code, 2, out)
+        self.assertRegex(out, r"(?m)^HINT:")
+
+
+class PlotBenchmarks(Scratch):
+    """scripts/plot-benchmarks draws the recorded CPU benchmark JSON (docs/benchmarks/cpu) as its
+    charts; a JSON file cut short (a run stopped while writing it) is named, its charts are left
+    out, the others are still drawn, and the exit is 1 with a HINT."""
+
+    def setUp(self):
+        super().setUp()
+        if not has_matplotlib():
+            self.skipTest("no matplotlib in /usr/bin/python3 (apt-get install python3-matplotlib)")
+
+    def draw(self, folder):
+        return run([SYSTEM_PYTHON, os.path.join(SCRIPTS, "plot-benchmarks"), "--all", folder])
+
+    def test_recorded_and_cut_short(self):
+        recorded = glob.glob(os.path.join(ROOT, "docs", "benchmarks", "cpu", "*.json"))
+        self.assertTrue(recorded, "no recorded JSON in docs/benchmarks/cpu")
+        for case in ("all", "cut"):
+            os.makedirs(self.path(case, "cpu"))
+            for f in recorded:
+                shutil.copy(f, self.path(case, "cpu"))
+        code, out = self.draw(self.path("all"))
+        self.assertEqual(code, 0, out)
+        drawn = len(glob.glob(self.path("all", "plots", "*.svg")))
+        self.assertGreaterEqual(drawn, 3, out)
+        with open(os.path.join(ROOT, "docs", "benchmarks", "cpu", "bench_training.json")) as f:
+            head = f.read(2000)
+        with open(self.path("cut", "cpu", "bench_training.json"), "w") as f:
+            f.write(head)
+        code, out = self.draw(self.path("cut"))
+        self.assertEqual(code, 1, out)
+        self.assertRegex(out, r"cannot read .*bench_training\.json")
+        self.assertIn("HINT", out)
+        self.assertNotIn("Traceback", out)
+        self.assertFalse(os.path.exists(self.path("cut", "plots", "training.svg")), out)
+        self.assertEqual(len(glob.glob(self.path("cut", "plots", "*.svg"))), drawn - 1, out)
+
+
+class RunBenchmarks(Scratch):
+    """scripts/run-benchmarks --budget runs every program's cases once, then again with
+    repetitions while time is left, and each JSON says how many repetitions it holds; --programs
+    runs the programs named alone; a budget too small for any program names them all and exits 1."""
+
+    FILTER = "--benchmark_filter=PeakMatmulCpu/precision:0/"
+
+    def bench(self, *args):
+        return run([os.path.join(SCRIPTS, "run-benchmarks"), *args], env={"BUILD_DIR": BUILD})
+
+    def test_budget_and_programs(self):
+        code, out = self.bench(self.path("ok"), "--budget", "120", "--programs", "bench_scaling",
+                               "--", self.FILTER)
+        self.assertEqual(code, 0, out)
+        with open(self.path("ok", "bench_scaling.json")) as f:
+            recorded = json.load(f)
+        names = [b["name"] for b in recorded["benchmarks"]]
+        self.assertIn("BM_PeakMatmulCpu/precision:0/n:2048/manual_time_median", names, out)
+        self.assertEqual(recorded["context"]["repetitions_asked"], "3")
+        self.assertEqual(os.listdir(self.path("ok")).count("bench_scaling.json"), 1)
+        self.assertEqual(glob.glob(self.path("ok", "*.part")), [], "part files left")
+        self.assertEqual(len(glob.glob(self.path("ok", "*.json"))), 1, "other programs ran")
+        for bad in ("bench_nothing", "lesson01_device_check", ""):
+            code, out = self.bench(self.path("no"), "--programs", bad)
+            self.assertEqual(code, 2, out)
+            self.assertIn("HINT", out)
+        code, out = self.bench(self.path("none"), "--budget", "1", "--", self.FILTER)
+        self.assertEqual(code, 1, out)
+        self.assertIn("bench_scaling (no time left)", out)
+
+
+class GpuPass(Scratch):
+    """scripts/gpu-pass rehearsed on the CPU (--device cpu --quick) with GPU_LESSONS_PYTHON (the
+    Python whose torch the build links), as a GPU server runs it: its configure stage in a fresh
+    folder, with LibTorch found only through the prefix path the pass hands CMake and that Python
+    not on the PATH; its run stage with this build, its summary and tarball checked; --only; and
+    what it refuses, with a HINT and exit 2. (The build stage, which rebuilds this build and runs
+    its tests, is left out: it would rewrite the build the suite running this test uses.)"""
+
+    PYTHON = os.environ.get("GPU_LESSONS_PYTHON", "")
+
+    def setUp(self):
+        super().setUp()
+        if not self.PYTHON:
+            self.skipTest(f"{BUILD} has no Python whose torch is its LibTorch (configure said so)")
+        # The PATH without that Python's virtual environment: a server's venv is not active either.
+        venv = os.path.dirname(self.PYTHON)
+        path = os.environ["PATH"].split(":")
+        if os.path.exists(os.path.join(venv, "activate")):
+            path = [p for p in path if p != venv]
+        self.env = {"GPU_PASS_PYTHON": self.PYTHON, "PATH": ":".join(path)}
+
+    def gpu_pass(self, *args, env=None):
+        return run([os.path.join(SCRIPTS, "gpu-pass"), *args], env={**self.env, **(env or {})})
+
+    def summary(self, folder):
+        with open(os.path.join(folder, "summary.txt")) as f:
+            return f.read()
+
+    def test_configure_in_a_fresh_folder(self):
+        code, out = self.gpu_pass(self.path("fresh"), "--stage", "configure", "--device", "cpu",
+                                  "--build-dir", self.path("fresh-build"))
+        self.assertEqual(code, 0, out)
+        with open(self.path("fresh-build", "CMakeCache.txt")) as f:
+            found = re.search(r"(?m)^GPU_LESSONS_PYTHON_TORCH:INTERNAL=(.*)$", f.read())
+        self.assertEqual(found and found.group(1), self.PYTHON)
+
+    def test_run_stage(self):
+        code, out = self.gpu_pass(self.path("pass"), "--stage", "run", "--device", "cpu", "--quick",
+                                  "--build-dir", BUILD, "--deadline", "1500")
+        summary = self.summary(self.path("pass"))
+        self.assertEqual(code, 0, out + summary)
+        self.assertNotRegex(summary, r"(?m)^FAIL")
+        lessons = sorted("lesson" + os.path.basename(d) for d in glob.glob(
+            os.path.join(ROOT, "lessons", "[0-9][0-9]_*")))
+        for step in ["transcripts", "yardstick", "plots"] + lessons:
+            self.assertRegex(summary, rf"(?m)^(PASS|WAIVED) +{step} ")
+        with tarfile.open(self.path("pass", "gpu-pass.tar.gz")) as tar:
+            tar.extractall(self.path("x"))
+        packed = self.path("x", "gpu-pass")
+        gpu = os.path.join(packed, "docs", "transcripts", "gpu")
+
+        def text(name):
+            with open(os.path.join(gpu, name)) as f:
+                return f.read()
+        for lesson in lessons:
+            self.assertRegex(text(lesson + ".txt"), r"(?m)^RESULT: ", lesson)
+        for extra in ("lesson09_data_parallel.2ranks", "lesson14_distributed_failures.2ranks",
+                      "lesson10_checkpointing.resume", "lesson10_checkpointing.roundtrip",
+                      "lesson12_crash_safe_checkpoints.resume"):
+            self.assertTrue(text(extra + ".txt"), extra)
+        for lesson in ("09", "14"):  # torchrun's job of one rank
+            name = [n for n in lessons if n.startswith(f"lesson{lesson}_")][0]
+            self.assertIn(f"RESULT: PASS lesson {lesson} rank 0 of 1", text(name + ".torchrun.txt"))
+        for loop in ("lesson05", "lesson11"):  # lesson 16's traces, which --import draws
+            self.assertIn('"traceEvents"', text(f"lesson16_profiling-{loop}.json"))
+        for bench in glob.glob(os.path.join(BUILD, "bin", "bench_*")):
+            with open(os.path.join(packed, "docs", "benchmarks", "gpu",
+                                   os.path.basename(bench) + ".json")) as f:
+                self.assertIn("benchmarks", json.load(f))
+        # The plots, unless the pass waived them (no matplotlib where it ran: --import draws them).
+        if not re.search(r"(?m)^WAIVED +plots ", summary):
+            self.assertTrue(glob.glob(os.path.join(packed, "docs", "benchmarks", "plots",
+                                                   "*-gpu.svg")))
+        self.assertTrue(os.path.getsize(os.path.join(packed, "summary.txt")))
+        self.assertTrue(os.path.isdir(os.path.join(packed, "logs")))
+
+    def test_only_runs_its_items_in_order(self):
+        code, out = self.gpu_pass(self.path("only"), "--stage", "run", "--device", "cpu", "--quick",
+                                  "--build-dir", BUILD, "--only", "bench_memory:20 lesson01:60")
+        self.assertEqual(code, 0, out)
+        ran = re.findall(r"(?m)^[A-Z]+ +(\S+) ", self.summary(self.path("only")))
+        self.assertEqual(ran, ["bench_memory", "lesson01", "lesson01_device_check"], out)
+
+    def test_refusals(self):
+        # Refused before anything runs: an unknown item or lesson, seconds that are not a number
+        # or under 15, --only outside the run stages.
+        for stage, only in (("run", "lesson01:60 banana"), ("run", "lesson01:60 lesson99"),
+                            ("run", "lesson01:abc"), ("run", "lesson01:0"), ("all", "lesson01")):
+            code, out = self.gpu_pass(self.path("bad"), "--device", "cpu", "--build-dir", BUILD,
+                                      "--stage", stage, "--only", only)
+            self.assertEqual(code, 2, out)
+            self.assertIn("HINT", out)
+            self.assertNotIn("gpu-pass: lesson01 (at most", out)
+        if run([os.path.join(BUILD, "bin", "lesson01_device_check"), "--device", "cuda:0"])[0]:
+            code, out = self.gpu_pass(self.path("nogpu"), "--device", "cuda", "--build-dir", BUILD)
+            self.assertEqual(code, 2, out)
+            self.assertIn("no GPU is visible", out)
+            self.assertIn("HINT", out)
+        cuda = run([SYSTEM_PYTHON, "-c", "import torch, sys; sys.exit(not torch.version.cuda)"])[0]
+        if cuda != 0:  # the system Python has no torch, or one without CUDA
+            code, out = self.gpu_pass(self.path("nocuda"), "--device", "cpu",
+                                      env={"GPU_PASS_PYTHON": SYSTEM_PYTHON})
+            self.assertEqual(code, 2, out)
+            self.assertIn("HINT", out)
+
+
+class LabsGraded(unittest.TestCase):
+    """For every lab scripts/make-labs makes, the untouched starter builds and fails
+    scripts/grade-lab (exit 1: built, some check failed); lesson 05's own folder passes it (exit
+    0). So the grader can neither pass an empty answer nor fail a right one. (The grader runs a
+    lesson's own tests, which each lesson passes in the suite this test belongs to: one lesson
+    graded shows the passing path.) And labs 05 and 11 done but for their moves (the batches, and
+    in 11 the model, stay on the host) fail, saying so: on a CPU-only machine, where such a
+    submission still trains. The labs build in GPU_LESSONS_LAB_BUILD, with clang where it is
+    installed (the debian flavour's compiler: less than half the time g++ takes)."""
+
+    LABS = os.environ.get("GPU_LESSONS_LAB_BUILD", "")
+
+    def setUp(self):
+        self.env = {"LAB_BUILD_DIR": self.LABS,
+                    "GPU_LESSONS_TORCH": os.environ.get("GPU_LESSONS_TORCH", "auto")}
+        if shutil.which("clang++"):
+            self.env["CXX"] = "clang++"
+
+    def grade(self, nn, folder, want, what, *says):
+        args = [os.path.join(SCRIPTS, "grade-lab"), nn] + ([folder] if folder else [])
+        code, out = run(args, env=self.env)
+        with open(f"{self.LABS}.{nn}.{what}.log", "w") as f:
+            f.write(out)
+        last = out.strip().splitlines()[-1] if out.strip() else "(nothing printed)"
+        print(f"lab {nn}: {what} exit {code} (want {want}): {last}")
+        with self.subTest(lab=nn, what=what):
+            self.assertEqual(code, want, out)
+            for text in says:
+                self.assertIn(text, out)
+
+    def moves_nothing(self, nn, file, count, edit, *says):
+        """Lesson NN with `edit` (a regex and its replacement, for each line of FILE), which must
+        change COUNT lines, fails its grading, and the grader says every one of `says`."""
+        lesson = glob.glob(os.path.join(ROOT, "lessons", nn + "_*"))[0]
+        copy = f"{self.LABS}.{nn}-moves-nothing"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(lesson, copy)
+        with open(os.path.join(lesson, file)) as f:
+            lines = f.read().split("\n")
+        edited = list(lines)
+        for pattern, replacement in edit:
+            edited = [re.sub(pattern, replacement, line) for line in edited]
+        changed = sum(a != b for a, b in zip(lines, edited))
+        self.assertEqual(changed, count, f"lab {nn}: the edit changed {changed} lines: update it")
+        with open(os.path.join(copy, file), "w") as f:
+            f.write("\n".join(edited))
+        self.grade(nn, copy, 1, "moving-nothing", *says)
+
+    def test_starters_fail_and_a_lesson_passes(self):
+        shutil.rmtree(os.path.join(self.LABS, "starters"), ignore_errors=True)
+        code, out = run([os.path.join(SCRIPTS, "make-labs"), os.path.join(self.LABS, "starters")])
+        self.assertEqual(code, 0, out)
+        for lab in sorted(glob.glob(os.path.join(self.LABS, "starters", "[0-9][0-9]_*"))):
+            self.grade(os.path.basename(lab)[:2], "", 1, "starter")
+        self.grade("05", os.path.join(ROOT, "lessons", "05_training_loop"), 0, "lesson")
+        # Lesson 05: the batches' features and labels left on the host, in training and evaluation.
+        self.moves_nothing("05", "training_loop.cpp", 4,
+                           [(r"^( *)(features|labels) = (features|labels)\.to\(device\);",
+                             r"\1(void)device;")],
+                           "stayed on the host")
+        # Lesson 11: the model (two trainers) and the batch copies (two lines) left on the host.
+        self.moves_nothing("11", "fast_training_loop.cpp", 4,
+                           [(r"^( *)trainer\.model->to\(device\);.*", r"\1(void)device;"),
+                            (r"host\.(images|labels)\.to\(device_, /\*non_blocking=\*/pinned_\)",
+                             r"host.\1")],
+                           "moved nothing to the device", "stayed on the host")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
