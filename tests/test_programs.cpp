@@ -117,9 +117,10 @@ TEST_P(StopsOnCtrlC, StopsAtTheEndOfAStep) {
   child.signal(SIGINT);
   for (const std::string& rest : child.read_rest()) output += rest + "\n";
   const std::optional<int> status = child.wait_for(std::chrono::seconds(60));
-  ASSERT_TRUE(status.has_value()) << "still running a minute after SIGINT:\n" << output;
+  ASSERT_TRUE(status.has_value()) << "still running a minute after closing its output:\n" << output;
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 130)
-      << course::describe_status(*status) << " after SIGINT, want exit 130:\n" << output;
+      << course::describe_status(*status) << " after SIGINT, want exit 130:\n"
+      << output;
   EXPECT_TRUE(std::regex_search(output, std::regex("(^|\n)stopped \\(Ctrl-C\\): "))) << output;
   if (!checkpoints) return;
   EXPECT_NE(output.find("holds epoch"), std::string::npos) << output;
@@ -214,7 +215,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 const std::vector<std::string> kCpuFlags{"--timeout", "20", "--device", "cpu"};
 constexpr double kTimeout = 20;  // those flags' --timeout
-std::vector<std::string> with(std::vector<std::string> flags, const std::vector<std::string>& more) {
+std::vector<std::string> with(std::vector<std::string> flags,
+                              const std::vector<std::string>& more) {
   flags.insert(flags.end(), more.begin(), more.end());
   return flags;
 }
@@ -246,8 +248,8 @@ class Jobs : public ::testing::TestWithParam<std::string> {  // lesson09 or less
 };
 #define SKIP_WITHOUT_GLOO() \
   if (without_gloo()) GTEST_SKIP() << "this build has no Gloo (install libgloo-dev)"
-#define SKIP_WITHOUT_GPUS(gpus)                                                   \
-  if (without_nccl()) GTEST_SKIP() << "this build has no NCCL";                   \
+#define SKIP_WITHOUT_GPUS(gpus)                                 \
+  if (without_nccl()) GTEST_SKIP() << "this build has no NCCL"; \
   if (torch::cuda::device_count() < (gpus)) GTEST_SKIP() << "needs " #gpus " GPU(s)"
 
 // Two ranks, --quick: both pass and hold the same parameters.
@@ -256,8 +258,8 @@ TEST_P(Jobs, TwoRanksPassWithTheSameParameters) {
   std::vector<ProgramRun> runs = Job(binary_, 2, with(kCpuFlags, {"--quick"})).finish();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(runs[r].exit_code, 0) << runs[r].what();
-    EXPECT_TRUE(runs[r].printed("RESULT: PASS lesson " + number() + " rank " + std::to_string(r) +
-                                " of 2"))
+    EXPECT_TRUE(
+        runs[r].printed("RESULT: PASS lesson " + number() + " rank " + std::to_string(r) + " of 2"))
         << runs[r].what();
   }
   EXPECT_FALSE(checksum(runs[0]).empty()) << runs[0].what();
@@ -275,9 +277,11 @@ TEST_P(Jobs, TwoRanksPassWithOtherCpusKernels) {
     std::vector<ProgramRun> runs = Job(binary_, 2, with(kCpuFlags, {"--quick"}), kernels).finish();
     EXPECT_EQ(runs[0].exit_code, 0) << runs[0].what();
     EXPECT_EQ(runs[1].exit_code, 0) << runs[1].what();
+    EXPECT_FALSE(checksum(runs[0]).empty()) << runs[0].what();
     EXPECT_EQ(checksum(runs[0]), checksum(runs[1]));
-    if (number() == "14")  // its summed-gradient check holds with each
+    if (number() == "14") {  // its summed-gradient check holds with each
       EXPECT_TRUE(runs[0].printed("summed gradient vs one process's")) << runs[0].what();
+    }
   }
 }
 
@@ -289,7 +293,7 @@ TEST_P(Jobs, RankKilledEndsTheOtherWithinTheTimeout) {
   job.rank(1).kill();
   const auto start = std::chrono::steady_clock::now();
   const ProgramRun rank0 = job.finish()[0];
-  EXPECT_LE(seconds_since(start), kTimeout) << rank0.what();
+  EXPECT_LT(seconds_since(start), kTimeout + 1) << rank0.what();  // within the timeout's second
   EXPECT_NE(rank0.exit_code, 0) << rank0.what();
   EXPECT_TRUE(rank0.printed("lost the job")) << rank0.what();
   EXPECT_TRUE(rank0.printed("RESULT: FAIL")) << rank0.what();
@@ -324,8 +328,8 @@ TEST_P(Jobs, NcclJobOfOneRank) {
       << rank0.what();
   EXPECT_TRUE(rank0.printed("RESULT: PASS lesson " + number() + " rank 0 of 1 on cuda:0"))
       << rank0.what();
-  EXPECT_FALSE(std::regex_search(rank0.output, std::regex("destroy_process_group|not been destroyed",
-                                                          std::regex::icase)))
+  EXPECT_FALSE(std::regex_search(
+      rank0.output, std::regex("destroy_process_group|not been destroyed", std::regex::icase)))
       << rank0.what();
 }
 
@@ -365,9 +369,9 @@ TEST_P(Lesson14Jobs, NcclTooFewGpus) {
 // Two ranks given the same GPU (CUDA_VISIBLE_DEVICES=0 for both): both exit 2, saying why.
 TEST_P(Lesson14Jobs, NcclTwoRanksOnOneGpu) {
   SKIP_WITHOUT_GPUS(1);
-  std::vector<ProgramRun> runs =
-      Job(binary_, 2, {"--quick", "--timeout", "20", "--device", "auto"}, {"CUDA_VISIBLE_DEVICES=0"})
-          .finish();
+  std::vector<ProgramRun> runs = Job(binary_, 2, {"--quick", "--timeout", "20", "--device", "auto"},
+                                     {"CUDA_VISIBLE_DEVICES=0"})
+                                     .finish();
   for (const ProgramRun& rank : runs) {
     EXPECT_EQ(rank.exit_code, 2) << rank.what();
     EXPECT_TRUE(rank.printed("share one GPU")) << rank.what();
@@ -375,11 +379,11 @@ TEST_P(Lesson14Jobs, NcclTwoRanksOnOneGpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Lessons, Lesson14Jobs, ::testing::Values("lesson14"), lesson_name);
 
-// ---- the tutorial's Python program ----------------------------------------------------------------
-// On torchvision's FashionMNIST (--torchvision, what the yardstick times) and on its own IDX
-// Dataset it trains the same model on the same batches: one epoch on 2,000 images from one seed
-// prints the same loss and accuracy. Skipped without a Python with this build's torch, or when
-// that Python has no torchvision.
+// ---- the tutorial's Python program
+// ---------------------------------------------------------------- On torchvision's FashionMNIST
+// (--torchvision, what the yardstick times) and on its own IDX Dataset it trains the same model on
+// the same batches: one epoch on 2,000 images from one seed prints the same loss and accuracy.
+// Skipped without a Python with this build's torch, or when that Python has no torchvision.
 TEST(TutorialProgram, TorchvisionsDatasetAndItsOwnTrainTheSame) {
   const std::string python = GPU_LESSONS_PYTHON, program = TUTORIAL_PROGRAM;
   if (python.empty()) GTEST_SKIP() << "no Python with this build's torch";
@@ -398,7 +402,8 @@ TEST(TutorialProgram, TorchvisionsDatasetAndItsOwnTrainTheSame) {
   const ProgramRun torchvision = train({"--torchvision"}), own = train({});
   ASSERT_EQ(torchvision.exit_code, 0) << torchvision.output;
   ASSERT_EQ(own.exit_code, 0) << own.output;
-  EXPECT_TRUE(std::regex_search(torchvision.output, std::regex("Test Accuracy: 0\\.[0-9]+\n")))
+  EXPECT_TRUE(
+      std::regex_search(torchvision.output, std::regex("(^|\n)Test Accuracy: 0\\.[0-9]+\n")))
       << torchvision.output;
   EXPECT_EQ(torchvision.output, own.output) << "the two datasets trained differently";
 }
