@@ -1,14 +1,12 @@
 // child_process.h defines: ChildProcess, a program started with its output read back line by line
-// and killed, stopped or waited for on demand (what a test of a crash needs), self_executable(),
-// and a crash test that kills a child again and again (kill_repeatedly).
+// and killed, stopped or waited for on demand (what a test of a crash needs), describe_status()
+// and self_executable().
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
-#include <functional>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -55,25 +53,5 @@ std::string describe_status(int status);
 
 /// This program's own path (/proc/self/exe), to start it again as a child.
 std::string self_executable();
-
-/// A crash test's kill: starts `argv`, a program that prints a line each time it finishes a piece
-/// of work, waits for `lines` lines, then kills it (SIGKILL) at a moment drawn from `random` within
-/// the time its last piece took, so that most kills land in the middle of the next piece.
-/// Returns that time in seconds; std::runtime_error when the program stops printing first.
-double kill_at_random_moment(const std::vector<std::string>& argv, int lines,
-                             std::mt19937_64& random);
-
-/// What a crash test found (kill_repeatedly).
-struct KillReport {
-  int kills = 0;
-  int survived = 0;          ///< kills after which `check` passed
-  double piece_seconds = 0;  ///< the median time of the child's piece of work
-  std::string failure;       ///< the first failed check's message, if any
-};
-/// A crash test: `kills` times, kill_at_random_moment(argv, lines, ...) with a generator seeded
-/// with `seed`, then `check()`, which throws (a std::exception saying what is wrong) when what the
-/// killed child left behind is not whole.
-KillReport kill_repeatedly(const std::vector<std::string>& argv, int lines, int kills,
-                           std::uint64_t seed, const std::function<void()>& check);
 
 }  // namespace course

@@ -130,7 +130,7 @@ TEST_F(CheckpointTest, RestoresOptimizerProgressAndRng) {
 TEST(CrashTest, AtomicSavesSurviveSigkill) {
   Scratch scratch;
   const std::string path = scratch.file("big.pt");
-  const course::KillReport report = course::kill_repeatedly(
+  const lesson12::KillReport report = lesson12::kill_repeatedly(
       {LESSON12_BINARY, "--save-loop", path, "--threads", "1"}, /*lines=*/2, /*kills=*/10,
       /*seed=*/1, [&] { lesson12::check_save_loop_file(path); });
   EXPECT_EQ(report.kills, 10);

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/ann.h"               // defines: ANN, TrainLoader, train_epoch, test_accuracy
-#include "common/child_process.h"     // defines: kill_repeatedly, self_executable
+#include "common/child_process.h"     // defines: self_executable
 #include "common/cli.h"               // defines: Cli, CpuThreads, start_lesson
 #include "common/compare.h"           // defines: max_abs_diff
 #include "common/dataset.h"           // defines: FashionMNIST
@@ -41,6 +41,7 @@
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/timing.h"            // defines: Stopwatch
 #include "common/verdict.h"           // defines: Verdict, report_error
+#include "crash_test.h"               // defines: KillReport, kill_repeatedly
 
 namespace lesson12 {
 
@@ -451,7 +452,7 @@ void kill_while_saving(Lesson& lesson, int kills) {
     std::vector<std::string> args = {course::self_executable(), "--save-loop", big_pt, "--threads",
                                      "1"};
     if (!atomic) args.push_back("--in-place");
-    const course::KillReport report = course::kill_repeatedly(
+    const KillReport report = kill_repeatedly(
         args, /*lines=*/2, kills, lesson.seed, [&] { check_save_loop_file(big_pt); });
     std::printf("%-36s %8d %10d %9.0f ms\n",
                 atomic ? "temporary file, fsync, rename" : "in place (save_to(path): lesson 10)",

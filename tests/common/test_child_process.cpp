@@ -39,22 +39,6 @@ TEST(ChildProcess, ReadsLinesAndKills) {
   EXPECT_TRUE(std::filesystem::exists(course::self_executable()));
 }
 
-// Tests the crash test's loop: each kill is followed by the check, its failures counted and the
-// first one kept, and the piece of work between two lines measured.
-TEST(ChildProcess, KillRepeatedlyChecksAfterEachKill) {
-  int checks = 0;
-  const course::KillReport report = course::kill_repeatedly(
-      {"/bin/sh", "-c", "while :; do echo piece; sleep 0.02; done"}, /*lines=*/2, /*kills=*/4,
-      /*seed=*/1, [&] {
-        if (++checks % 2 == 0) throw std::runtime_error("torn " + std::to_string(checks));
-      });
-  EXPECT_EQ(report.kills, 4);
-  EXPECT_EQ(checks, 4);
-  EXPECT_EQ(report.survived, 2);
-  EXPECT_EQ(report.failure, "torn 2");
-  EXPECT_GT(report.piece_seconds, 0.0);
-}
-
 // Tests what a distributed job's test needs of a child: variables added to its environment (one
 // of them replacing this process's), its standard error in the same pipe, a stopped child that
 // wait_for() reports as still running, and its exit status once it ends by itself.
