@@ -1,6 +1,6 @@
-// program_run.h defines: ProgramRun and run_program(), a program of the course run to its end
-// from a test, its exit code and all it printed (standard output and error) read back, for the
-// tests of what a program does on the command line.
+// program_run.h defines: ProgramRun, run_program() and program_ended(), a program of the course
+// run to its end from a test, its exit code and all it printed (standard output and error) read
+// back, for the tests of what a program does on the command line.
 #pragma once
 
 #include <sys/wait.h>
@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/child_process.h"  // defines: ChildProcess, describe_status
@@ -23,15 +24,31 @@ struct ProgramRun {
   std::string what() const { return status + ", having printed:\n" + output; }
 };
 
-/// Runs `argv` (the program first) to its end. CTest's time limit stops a program that hangs.
-inline ProgramRun run_program(const std::vector<std::string>& argv) {
-  course::ChildProcess child(argv, {}, /*with_stderr=*/true);
+/// `lines`, each ended by a newline, as the program printed them.
+inline std::string joined(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  return text;
+}
+
+/// How `child`, whose output has ended, ended; `output` is all it printed.
+inline ProgramRun program_ended(course::ChildProcess& child, std::string output) {
   ProgramRun run;
-  for (const std::string& line : child.read_rest()) run.output += line + "\n";
+  run.output = std::move(output);
   // Its output ended: it is exiting. (A program that closed its output and went on is killed.)
   const std::optional<int> ended = child.wait_for(std::chrono::seconds(60));
   const int status = ended ? *ended : child.kill();
   run.status = course::describe_status(status);
   if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
   return run;
+}
+
+/// Runs `argv` (the program first) to its end, with `environment` ("NAME=value" each) added to
+/// this process's, its standard error in its output when `with_stderr`. CTest's time limit stops
+/// a program that hangs.
+inline ProgramRun run_program(const std::vector<std::string>& argv,
+                              const std::vector<std::string>& environment = {},
+                              bool with_stderr = true) {
+  course::ChildProcess child(argv, environment, with_stderr);
+  return program_ended(child, joined(child.read_rest()));
 }

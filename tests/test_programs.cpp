@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -23,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "common/child_process.h"  // defines: ChildProcess, describe_status
-#include "program_run.h"           // defines: ProgramRun, run_program
+#include "common/child_process.h"  // defines: ChildProcess
+#include "program_run.h"           // defines: ProgramRun, run_program, program_ended, joined
 #include "scratch_files.h"         // defines: Scratch
 
 namespace {
@@ -115,15 +114,12 @@ TEST_P(StopsOnCtrlC, StopsAtTheEndOfAStep) {
   }
   ASSERT_TRUE(started) << "ended before its first epoch:\n" << output;
   child.signal(SIGINT);
-  for (const std::string& rest : child.read_rest()) output += rest + "\n";
-  const std::optional<int> status = child.wait_for(std::chrono::seconds(60));
-  ASSERT_TRUE(status.has_value()) << "still running a minute after closing its output:\n" << output;
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 130)
-      << course::describe_status(*status) << " after SIGINT, want exit 130:\n"
-      << output;
-  EXPECT_TRUE(std::regex_search(output, std::regex("(^|\n)stopped \\(Ctrl-C\\): "))) << output;
+  const ProgramRun stopped = program_ended(child, output + joined(child.read_rest()));
+  EXPECT_EQ(stopped.exit_code, 130) << "after SIGINT: " << stopped.what();
+  EXPECT_TRUE(std::regex_search(stopped.output, std::regex("(^|\n)stopped \\(Ctrl-C\\): ")))
+      << stopped.what();
   if (!checkpoints) return;
-  EXPECT_NE(output.find("holds epoch"), std::string::npos) << output;
+  EXPECT_TRUE(stopped.printed("holds epoch")) << stopped.what();
   for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
     EXPECT_EQ(entry.path().filename(), "run.pt") << "left behind";
   const ProgramRun resumed = run_program({GetParam().path, "--device", "cpu", "--quick",
@@ -175,15 +171,9 @@ class Job {
     std::vector<std::future<std::vector<std::string>>> outputs;
     for (auto& rank : ranks_)  // read at once: a rank that fills its pipe would wait for us
       outputs.push_back(std::async(std::launch::async, [&rank] { return rank->read_rest(); }));
-    std::vector<ProgramRun> runs(ranks_.size());
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      runs[r].output = seen_[r];
-      for (const std::string& line : outputs[r].get()) runs[r].output += line + "\n";
-      const std::optional<int> ended = ranks_[r]->wait_for(std::chrono::seconds(60));
-      const int status = ended ? *ended : ranks_[r]->kill();
-      runs[r].status = course::describe_status(status);
-      if (WIFEXITED(status)) runs[r].exit_code = WEXITSTATUS(status);
-    }
+    std::vector<ProgramRun> runs;
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      runs.push_back(program_ended(*ranks_[r], seen_[r] + joined(outputs[r].get())));
     return runs;
   }
   // Reads rank `r`'s output until a line holds `text`; false if it ended first.
@@ -392,12 +382,7 @@ TEST(TutorialProgram, TorchvisionsDatasetAndItsOwnTrainTheSame) {
   auto train = [&](std::vector<std::string> more) {
     std::vector<std::string> argv{python, program, "--epochs", "1", "--limit", "2000"};
     argv.insert(argv.end(), more.begin(), more.end());
-    course::ChildProcess child(argv, {"CUDA_VISIBLE_DEVICES="}, /*with_stderr=*/false);
-    ProgramRun run;
-    for (const std::string& line : child.read_rest()) run.output += line + "\n";
-    const std::optional<int> status = child.wait_for(std::chrono::seconds(60));
-    run.exit_code = status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
-    return run;
+    return run_program(argv, {"CUDA_VISIBLE_DEVICES="}, /*with_stderr=*/false);
   };
   const ProgramRun torchvision = train({"--torchvision"}), own = train({});
   ASSERT_EQ(torchvision.exit_code, 0) << torchvision.output;
