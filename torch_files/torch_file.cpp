@@ -11,12 +11,14 @@
 #include <zlib.h>                        // defines: crc32_z, inflate (the zip's own formats)
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -408,6 +410,96 @@ bool crc_matches(const std::string& bytes, const ZipEntry& entry) {
   return crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()) == entry.crc;
 }
 
+// A TorchScript source in an archive's code/ folder, which LibTorch's reader compiles when a
+// pickle names one of its classes. LibTorch's own archives (torch::save, OutputArchive) hold one
+// class of typed attributes for each nested archive, and nothing else:
+//   class Module(Module):
+//     __parameters__ = ["fc1.weight", ]       (and __buffers__)
+//     __annotations__ = []
+//     __annotations__["fc1.weight"] = Tensor
+//     epoch : int
+// A line of another shape is refused: LibTorch 1.13's parser crashes on some (an attribute
+// assigned without a type: fuzz/regressions/fuzz_checkpoint/class-attribute-without-type). Read
+// by hand, not with std::regex, whose recursion grows with the line.
+class SourceLine {
+ public:
+  explicit SourceLine(std::string_view text) : rest_(text) {}
+  bool done() const { return rest_.empty(); }
+  bool word(std::string_view w) {
+    if (rest_.substr(0, w.size()) != w) return false;
+    rest_.remove_prefix(w.size());
+    return true;
+  }
+  bool name() {  // an identifier
+    std::size_t n = 0;
+    while (n < rest_.size() &&
+           (std::isalpha(static_cast<unsigned char>(rest_[n])) || rest_[n] == '_' ||
+            (n > 0 && std::isdigit(static_cast<unsigned char>(rest_[n]))))) {
+      ++n;
+    }
+    rest_.remove_prefix(n);
+    return n > 0;
+  }
+  bool string() {  // "printable ASCII, without quotes or backslashes"
+    if (!word("\"")) return false;
+    while (!rest_.empty() && rest_[0] >= ' ' && rest_[0] <= '~' && rest_[0] != '"' &&
+           rest_[0] != '\\') {
+      rest_.remove_prefix(1);
+    }
+    return word("\"");
+  }
+  bool type(int depth = 0) {  // Tensor, __torch__.___torch_mangle_1.Module, Tuple[float, float]
+    if (depth > 8 || !name()) return false;
+    while (word(".")) {
+      if (!name()) return false;
+    }
+    if (!word("[")) return true;
+    do {
+      if (!type(depth + 1)) return false;
+    } while (word(", "));
+    return word("]");
+  }
+  bool strings() {  // ["a", "b", ]
+    if (!word("[")) return false;
+    while (string()) {
+      if (!word(", ")) return false;
+    }
+    return word("]");
+  }
+
+ private:
+  std::string_view rest_;
+};
+
+std::string source_refusal(const std::string& source, const std::string& record) {
+  std::string_view rest(source);
+  bool in_class = false;
+  while (!rest.empty()) {
+    const std::size_t end = std::min(rest.find('\n'), rest.size());
+    SourceLine line(rest.substr(0, end));
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    bool fits = line.done();
+    if (!fits && line.word("class ")) {
+      fits = line.name() && line.word("(Module):") && line.done();
+      in_class = fits;
+    } else if (!fits && in_class && line.word("  ")) {
+      if (line.word("__parameters__ = ") || line.word("__buffers__ = ")) {
+        fits = line.strings() && line.done();
+      } else if (line.word("__annotations__")) {
+        fits = line.word(" = []") ? line.done()
+                                  : line.word("[") && line.string() && line.word("] = ") &&
+                                        line.type() && line.done();
+      } else {
+        fits = line.name() && line.word(" : ") && line.type() && line.done();
+      }
+    }
+    if (!fits) {
+      return "its source " + record.substr(0, 80) + " holds more than a module's attributes";
+    }
+  }
+  return "";
+}
+
 // The record's name inside the archive's folder ("archive/data/0" is "data/0").
 std::string record_name(const ZipEntry& entry) { return entry.name.substr(entry.name.find('/') + 1); }
 
@@ -490,9 +582,17 @@ std::string zip_refusal(TorchFile& file, CrcCheck crc) {
                           : entry.size > entry.compressed) {
       return "its entry " + entry.name.substr(0, 80) + " claims more bytes than it holds";
     }
-    const bool pickle =
-        entry.name.size() >= 3 && lower_ascii(entry.name.substr(entry.name.size() - 3)) == "pkl";
-    if (!pickle) continue;
+    const std::string suffix = lower_ascii(
+        entry.name.substr(entry.name.size() - std::min<std::size_t>(entry.name.size(), 3)));
+    if (suffix == ".py") {  // a TorchScript source (in code/): stored, or deflated when larger
+      const std::optional<std::string> source = record_bytes(zip, entry);
+      if (!source || (check_crcs && !kFuzzingBuild && !crc_matches(*source, entry))) {
+        return "its source " + entry.name.substr(0, 80) + " is damaged";
+      }
+      const std::string refusal = source_refusal(*source, entry.name);
+      if (!refusal.empty()) return refusal;
+    }
+    if (suffix != "pkl") continue;
     if (!stored(entry, bytes, false)) return "its pickle " + entry.name.substr(0, 80) + " is damaged";
     // A storage key names a record beside the pickle: archive/data.pkl's "0" is archive/data/0.
     std::string folder = lower_ascii(entry.name);

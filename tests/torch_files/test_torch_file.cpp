@@ -190,9 +190,58 @@ TEST_F(TorchFileTest, FilesLibTorchsReaderWouldLeakOnAreRefused) {
 TEST(TorchFileRegression, DirectoryEntryRunningPastTheFileIsRefused) {
   const std::string path = std::string(FUZZ_REGRESSIONS) + "/zip-extra-field-past-the-end";
   ASSERT_FALSE(read_bytes(path).empty()) << path;
-  EXPECT_NE(course::check_torch_file(path, course::CrcCheck::kStructure)
-                .refusal.find("no zip directory"),
+  EXPECT_NE(
+      course::check_torch_file(path, course::CrcCheck::kStructure).refusal.find("no zip directory"),
+      std::string::npos);
+}
+
+// Tests the TorchScript sources in an archive's code/ folder, which LibTorch compiles when the
+// archive's pickle names their classes. What LibTorch writes passes (an archive holding another,
+// a string and a tuple); a class attribute assigned without a type, on which LibTorch 1.13's
+// parser crashes (the regression input, found by fuzz_checkpoint, is such a file), and every
+// other line that is not a typed attribute are refused.
+TEST_F(TorchFileTest, SourcesHoldingMoreThanAttributesAreRefused) {
+  const std::string regression = std::string(FUZZ_REGRESSIONS) + "/class-attribute-without-type";
+  ASSERT_FALSE(read_bytes(regression).empty()) << regression;
+  EXPECT_NE(course::check_torch_file(regression, course::CrcCheck::kEveryRecord)
+                .refusal.find("holds more than a module's attributes"),
             std::string::npos);
+
+  torch::serialize::OutputArchive outer, inner;
+  inner.write("weight", torch::ones({2}));
+  outer.write("model", inner);
+  outer.write("name", c10::IValue(std::string("ann")));
+  outer.write("betas", c10::IValue(std::make_tuple(0.9, 0.999)));
+  outer.save_to(file("nested.pt"));
+  EXPECT_EQ(course::check_torch_file(file("nested.pt"), course::CrcCheck::kEveryRecord).refusal,
+            "");
+
+  const std::string object = bytes_of("\x80\x02" "c__torch__\nModule\nq\x00)\x81}q\x01" "b.");
+  const std::string head =
+      "class Module(Module):\n  __parameters__ = [\"w\", ]\n  __buffers__ = []\n";
+  const std::vector<std::string> lines = {
+      "",  // passes: the class alone
+      "  __parrteames__ = []\n",
+      "  x = 1\n",
+      "  x : Tuple[float\n",
+      "  x : Tensor = 1\n",
+      "  __annotations__[\"a\\\"\"] = Tensor\n",
+      "  def forward(self):\n",
+      "class Module(Other):\n",
+      "import os\n",
+  };
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::string path = zip("source" + std::to_string(i) + ".pt",
+                                 {{"data.pkl", object}, {"code/__torch__.py", head + lines[i]}});
+    const std::string refusal =
+        course::check_torch_file(path, course::CrcCheck::kEveryRecord).refusal;
+    if (i == 0) {
+      EXPECT_EQ(refusal, "");
+    } else {
+      EXPECT_NE(refusal.find("code/__torch__.py holds more than a module"), std::string::npos)
+          << lines[i] << refusal;
+    }
+  }
 }
 
 // Tests the pickles LibTorch 1.13's unpickler would run into trouble on, each in a zip with
