@@ -9,7 +9,8 @@
 #           flavour's compiler, with libclang-rt-dev for its sanitizers and fuzz targets.
 #   2.11    torch==2.11.0 from PyPI (CUDA 13) and its torchvision==0.26.0 (the tutorial's data
 #           pipeline, for the yardstick) in the project's virtual environment .venv; needs
-#           the CUDA toolkit of the same major version (nvcc on the PATH) to configure.
+#           the CUDA toolkit of the same major version (nvcc on the PATH) to configure;
+#           clang, this flavour's compiler too.
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
 # Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
 # Gloo's headers, matplotlib (the benchmark charts and lesson 16's timeline pictures).
@@ -33,11 +34,11 @@ fi
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
           dataset-fashion-mnist libgloo-dev python3 python3-matplotlib)
 case "$flavour" in
-  # clang: the debian preset's compiler (on LibTorch's headers it compiles in less than half the
-  # time g++ takes); its runtimes: the sanitizers and the fuzz targets (libFuzzer).
+  # clang: the presets' compiler (on LibTorch's headers it compiles in less than half the time
+  # g++ takes); its runtimes: the sanitizers and the fuzz targets (libFuzzer).
   debian) packages+=(libtorch-dev python3-torch python3-torchvision libopenblas0-openmp clang
                      libclang-rt-dev) ;;
-  2.11) packages+=(python3-venv) ;;
+  2.11) packages+=(python3-venv clang) ;;
 esac
 
 as_root() {
