@@ -7,14 +7,10 @@
 
 #include <c10/core/CPUAllocator.h>  // defines: c10::SetCPUAllocator
 #include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
-#include <torch/nn/module.h>        // defines: torch::nn::Module
-#include <torch/optim/adam.h>       // defines: torch::optim::Adam, AdamParamState
 
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <ATen/Context.h>                   // defines: at::globalContext (lazy CUDA init)
-#include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
-#include <c10/cuda/CUDAGuard.h>             // defines: c10::cuda::CUDAGuard
-#include <cuda_runtime_api.h>               // defines: cudaMemGetInfo
+#include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats
 #endif
 
 #include "common/device.h"
@@ -172,55 +168,11 @@ void reset_peak_memory(const c10::Device& device) {
 #endif
 }
 
-void empty_cache(const c10::Device& device) {
-#ifdef GPU_LESSONS_WITH_CUDA
-  if (device.is_cuda()) {
-    init_cuda_allocator();
-    c10::cuda::CUDACachingAllocator::emptyCache();
-  }
-#endif
-  (void)device;
-}
-
-DeviceMemory device_memory(const c10::Device& device) {
-  DeviceMemory memory;
-#ifdef GPU_LESSONS_WITH_CUDA
-  if (device.is_cuda()) {
-    c10::cuda::CUDAGuard guard(device.index());
-    size_t free_bytes = 0, total_bytes = 0;
-    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();  // clear it, or the next kernel launch would report it
-      TORCH_CHECK(false, "cudaMemGetInfo on ", device.str(), " failed: ",
-                  cudaGetErrorString(status));
-    }
-    memory.free = static_cast<std::int64_t>(free_bytes);
-    memory.total = static_cast<std::int64_t>(total_bytes);
-  }
-#endif
-  (void)device;
-  return memory;
-}
-
 std::string describe(const MemoryStats& stats) {
   auto b = [](std::int64_t v) { return format_bytes(static_cast<double>(v)); };
   return "allocated " + b(stats.allocated) + " (peak " + b(stats.peak_allocated) + "), reserved " +
          b(stats.reserved) + " (peak " + b(stats.peak_reserved) + "), " +
          std::to_string(stats.allocations) + " allocations";
-}
-
-std::int64_t training_state_bytes(const torch::nn::Module& model, const torch::optim::Adam& adam) {
-  std::int64_t bytes = 0;
-  for (const auto& p : model.parameters()) {
-    bytes += p.nbytes();
-    if (p.grad().defined()) bytes += p.grad().nbytes();
-  }
-  for (const auto& entry : adam.state()) {  // Adam's state, one entry per parameter
-    const auto& state = static_cast<const torch::optim::AdamParamState&>(*entry.second);
-    bytes += state.exp_avg().nbytes() + state.exp_avg_sq().nbytes();
-    if (state.max_exp_avg_sq().defined()) bytes += state.max_exp_avg_sq().nbytes();
-  }
-  return bytes;
 }
 
 }  // namespace course

@@ -1,21 +1,13 @@
 // memory.h defines: one memory report for CPU and CUDA (current/peak allocated and reserved bytes,
 // allocation count), the counting CPU allocator behind the CPU numbers, and an optional CPU
 // memory budget that makes allocations past it throw c10::OutOfMemoryError like a full GPU.
+// (What a training run's state weighs, and the driver's free memory, are lesson 07's.)
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include <c10/core/Device.h>  // defines: c10::Device
-
-namespace torch {
-namespace nn {
-class Module;  // torch/nn/module.h
-}
-namespace optim {
-class Adam;  // torch/optim/adam.h
-}
-}  // namespace torch
 
 namespace course {
 
@@ -36,17 +28,6 @@ MemoryStats memory_stats(const c10::Device& device);
 /// Starts a new peak (and allocation count) from the current usage.
 void reset_peak_memory(const c10::Device& device);
 
-/// Returns cached, unused blocks to the driver (CUDA); nothing to do on the CPU.
-void empty_cache(const c10::Device& device);
-
-/// Free and total memory of a CUDA device as the driver sees it (zeros on the CPU). Throws
-/// c10::Error with CUDA's message when the driver cannot tell.
-struct DeviceMemory {
-  std::int64_t free = 0;
-  std::int64_t total = 0;
-};
-DeviceMemory device_memory(const c10::Device& device);
-
 /// Replaces LibTorch's CPU allocator with one that counts bytes (idempotent; start_lesson() calls
 /// it). Storage allocated before the call is not counted, before or after.
 void install_counting_cpu_allocator();
@@ -57,9 +38,5 @@ void set_cpu_memory_budget(std::int64_t bytes);
 
 /// "allocated 1.2 MiB (peak 3.4 MiB), reserved ... , N allocations".
 std::string describe(const MemoryStats& stats);
-
-/// Bytes in the tensors of a model's training state: its parameters, their gradients (where they
-/// exist) and Adam's state (two moments per parameter, and amsgrad's maximum where kept).
-std::int64_t training_state_bytes(const torch::nn::Module& model, const torch::optim::Adam& adam);
 
 }  // namespace course

@@ -11,6 +11,7 @@
 #define GPU_LESSONS_NO_MAIN
 #include "common/memory.h"
 #include "smi_view.h"
+#include "training_state.h"
 #include "cuda_test.h"
 #include "memory_management.cpp"
 
@@ -59,8 +60,27 @@ TEST(StateBytes, FourCopiesOfTheParameters) {
   TrainingRig s(torch::kCPU);
   std::int64_t parameters = 0;
   for (const auto& p : s.model->parameters()) parameters += p.nbytes();
-  EXPECT_EQ(course::training_state_bytes(*s.model, *s.optimizer), 4 * parameters);
+  EXPECT_EQ(lesson07::training_state_bytes(*s.model, *s.optimizer), 4 * parameters);
   EXPECT_EQ(course::memory_stats(torch::kCPU).allocated - before, 4 * parameters);
+}
+
+// Tests the state's bytes tensor by tensor: parameters, then their gradients, then Adam's two
+// moments.
+TEST(StateBytes, ParametersGradientsAndAdamsMoments) {
+  torch::nn::Linear model(3, 2);  // 8 floats: 32 bytes
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  EXPECT_EQ(lesson07::training_state_bytes(*model, adam), 32);
+  model->forward(torch::ones({1, 3})).sum().backward();
+  EXPECT_EQ(lesson07::training_state_bytes(*model, adam), 64);
+  adam.step();
+  EXPECT_EQ(lesson07::training_state_bytes(*model, adam), 128);
+}
+
+// Tests that the driver's view is empty on the CPU (no driver to ask).
+TEST(MemGetInfo, ZerosOnTheCpu) {
+  const lesson07::MemGetInfo cpu = lesson07::mem_get_info(torch::kCPU);
+  EXPECT_EQ(cpu.free, 0);
+  EXPECT_EQ(cpu.total, 0);
 }
 
 // Tests the tutorial's tips on the CPU: the deleted tensor's bytes come back, and the CPU keeps
@@ -95,15 +115,18 @@ TEST_F(CudaTest, MemoryFactsOnGpu) {
   EXPECT_EQ(f.allocated_after, f.allocated_before);
   EXPECT_GE(f.reserved_after_free, f.allocated_before + (256 << 20));  // the cache keeps it
   EXPECT_LT(f.reserved_after_empty, f.reserved_after_free);
+  const lesson07::MemGetInfo driver = lesson07::mem_get_info(device);  // the whole GPU's
+  EXPECT_GT(driver.free, 0);
+  EXPECT_LE(driver.free, driver.total);
   TrainingRig s(device);
   // Beyond the state, allocated holds cuBLAS's workspaces, nothing else: at most a few each.
-  const std::int64_t state = course::training_state_bytes(*s.model, *s.optimizer);
+  const std::int64_t state = lesson07::training_state_bytes(*s.model, *s.optimizer);
   const std::int64_t allocated = course::memory_stats(device).allocated;
   EXPECT_GE(allocated, state);
   EXPECT_LE(allocated - state, 4 * static_cast<std::int64_t>(64 << 20)) << allocated - state;
   const auto step = lesson07::measure_step(s.model, *s.optimizer, 1024, device);
   std::int64_t start = 1;
-  while (start * step.bytes_per_sample() < 2.0 * course::device_memory(device).total) start *= 2;
+  while (start * step.bytes_per_sample() < 2.0 * lesson07::mem_get_info(device).total) start *= 2;
   const auto attempts = lesson07::shrink_until_fits(s.model, *s.optimizer, start, device);
   ASSERT_GE(attempts.size(), 2u);
   EXPECT_FALSE(attempts.front().fit);

@@ -26,16 +26,16 @@
 #include <string>
 #include <vector>
 
-// GPU_LESSONS_WITH_CUDA: CMake defines it when this LibTorch has CUDA.
-#ifdef GPU_LESSONS_WITH_CUDA
+#ifdef GPU_LESSONS_WITH_CUDA                // CMake defines it when this LibTorch has CUDA
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
 #endif
 
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/device.h"   // defines: format_bytes
-#include "common/memory.h"   // defines: MemoryStats, training_state_bytes, the CPU's budget
+#include "common/memory.h"   // defines: MemoryStats, the CPU's budget
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
-#include "smi_view.h"        // defines: smi_view (nvidia-smi's view, from the driver's NVML)
+#include "smi_view.h"        // defines: smi_view (nvidia-smi's view, from NVML), mem_get_info
+#include "training_state.h"  // defines: training_state_bytes
 
 namespace lesson07 {
 
@@ -234,7 +234,7 @@ void show_smi_view(const torch::Device& device) {
   const course::MemoryStats mine = read_memory(device);
   const SmiView smi = smi_view(device);  // what nvidia-smi reads: NVML
   if (!smi.available) {  // without NVML: the driver's total and free, without the processes
-    const course::DeviceMemory dm = course::device_memory(device);
+    const MemGetInfo dm = mem_get_info(device);
     std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not
               << ")\nThe driver: " << mib(dm.total - dm.free) << " used of " << mib(dm.total)
               << "\n";
@@ -290,7 +290,7 @@ void print_state(std::int64_t state, const course::MemoryStats& after_first_step
   std::cout << "  allocated beyond the state: " << mib(after_first_step.allocated - state)
             << ", cuBLAS's workspaces (one per thread and stream that ran a matmul: this "
                "thread's forward, autograd's thread's backward)\n";
-  const course::DeviceMemory dm = course::device_memory(device);
+  const MemGetInfo dm = mem_get_info(device);  // torch.cuda.mem_get_info(): (free, total)
   std::cout << "Device: " << mib(dm.total) << " total, " << mib(dm.free) << " free\n";
 }
 
@@ -319,7 +319,7 @@ std::int64_t oom_start_batch(const torch::Device& device, double bytes_per_sampl
               << " above what is in use (the counting allocator enforces it)\n";
     return kCpuOomStartBatch;
   }
-  const double total = static_cast<double>(course::device_memory(device).total);
+  const double total = static_cast<double>(mem_get_info(device).total);
   std::int64_t start = 1;
   while (start * bytes_per_sample < 2.0 * total) start *= 2;
   return start;
@@ -362,7 +362,7 @@ int main(int argc, char** argv) try {
   reset_peak(device);  // the peaks from here on leave the tutorial's tensor out
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-3));
   train_step(model, optimizer, 8, device);  // Adam's state exists from here on
-  const std::int64_t state = course::training_state_bytes(*model, optimizer);
+  const std::int64_t state = training_state_bytes(*model, optimizer);
   const course::MemoryStats after_first_step = read_memory(device);
   print_state(state, after_first_step, device);
 

@@ -9,6 +9,12 @@
 #include <cstdio>
 #include <string>
 
+#ifdef GPU_LESSONS_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>  // defines: c10::cuda::CUDAGuard
+#include <c10/util/Exception.h>  // defines: TORCH_CHECK
+#include <cuda_runtime_api.h>    // defines: cudaMemGetInfo
+#endif
+
 #include "common/device.h"  // defines: list_gpus, cuda_device_count, why_no_cuda
 
 namespace lesson07 {
@@ -194,6 +200,26 @@ void SmiWatch::run(c10::Device device, std::chrono::milliseconds period, std::os
     if (!view.available) return;  // nothing will change: one line is enough
     wake_.wait_for(lock, period, [this] { return stop_; });
   }
+}
+
+MemGetInfo mem_get_info(const c10::Device& device) {
+  MemGetInfo memory;
+#ifdef GPU_LESSONS_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device.index());
+    size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it, or the next kernel launch would report it
+      TORCH_CHECK(false, "cudaMemGetInfo on ", device.str(), " failed: ",
+                  cudaGetErrorString(status));
+    }
+    memory.free = static_cast<std::int64_t>(free_bytes);
+    memory.total = static_cast<std::int64_t>(total_bytes);
+  }
+#endif
+  (void)device;
+  return memory;
 }
 
 }  // namespace lesson07

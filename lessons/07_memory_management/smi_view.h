@@ -2,7 +2,8 @@
 // memory, and every process using the GPU with its memory), read from the NVIDIA management library
 // (NVML, the library nvidia-smi itself reads). NVML comes with the NVIDIA driver, not with CUDA's
 // toolkit or LibTorch, so it is loaded at run time: a program that uses it still starts and runs
-// on a machine without the driver, and smi_view then says why it has nothing to show.
+// on a machine without the driver, and smi_view then says why it has nothing to show. Beside it,
+// mem_get_info: the driver's free and total memory through the CUDA runtime.
 #pragma once
 
 #include <c10/core/Device.h>  // defines: c10::Device
@@ -35,6 +36,16 @@ struct SmiView {
 
 /// The view of `device` (a CUDA device; anything else gives available = false, with the reason).
 SmiView smi_view(const c10::Device& device);
+
+/// The driver's free and total memory of a CUDA device (zeros on the CPU), as the CUDA runtime
+/// reads it (cudaMemGetInfo): Python's torch.cuda.mem_get_info(), which LibTorch's C++ API lacks.
+/// Unlike smi_view, it needs no NVML. Throws c10::Error with CUDA's message when the driver cannot
+/// tell.
+struct MemGetInfo {
+  std::int64_t free = 0;
+  std::int64_t total = 0;
+};
+MemGetInfo mem_get_info(const c10::Device& device);
 
 /// `watch -n 1 nvidia-smi` inside the program: while it lives, a thread writes one line of
 /// smi_view(device) to `out` every `period` (the driver's used and total memory, and this
