@@ -12,7 +12,8 @@
 //   - pinned (page-locked) host memory makes host-to-device copies faster and lets
 //     non_blocking=true overlap them with other work;
 //   - a loop over a tensor's elements with .item() pays a copy (on a GPU, a wait) per element:
-//     copy once and loop over an accessor, or better, let one tensor op do the whole loop.
+//     copy once and loop over an accessor, or let one tensor op do the whole loop where the data
+//     is (at 10,000 elements the accessor loop keeps up on either device: the transcripts).
 //
 // Run:    build/bin/lesson03_moving_tensors [--device auto|cpu|cuda|cuda:N] [--quick]
 // Checks: the tutorial's tensor lands on the device (and is the same tensor when the device is
