@@ -103,7 +103,7 @@ void step(benchmark::State& state, bool cuda) {
   const std::int64_t batch = state.range(0);
   lesson09::ANN model;
   model->to(device);
-  lesson09::broadcast_parameters(*group, model, kTimeout);
+  lesson09::broadcast_parameters(*group, model->parameters(), kTimeout);
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lesson09::kLearningRate));
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);
@@ -111,7 +111,7 @@ void step(benchmark::State& state, bool cuda) {
   bench::run_timed(state, device, [&] {
     optimizer.zero_grad();
     torch::nn::functional::cross_entropy(model->forward(images), labels).backward();
-    lesson09::allreduce_gradients(*group, model, kTimeout);
+    lesson09::allreduce_gradients(*group, model->parameters(), kTimeout);
     optimizer.step();
   }, calls_per_sync(device));
   // Samples per second of the whole job: every rank takes `batch` samples per step.

@@ -95,11 +95,11 @@ TEST_F(GlooTest, RanksMeetAndSumTheirGradients) {
                                       torch::kCPU, timeout);
     lesson09::ANN model;
     for (auto& p : model->parameters()) p.detach().fill_(rank);  // rank r's weights all r
-    lesson09::broadcast_parameters(*group, model, timeout);
+    lesson09::broadcast_parameters(*group, model->parameters(), timeout);
     for (auto& p : model->parameters()) {
       if (rank != 2) p.mutable_grad() = torch::full_like(p, rank + 1.0);  // rank 2: no samples
     }
-    lesson09::allreduce_gradients(*group, model, timeout);
+    lesson09::allreduce_gradients(*group, model->parameters(), timeout);
     params[rank] = torch::nn::utils::parameters_to_vector(model->parameters()).detach();
     grads[rank] = torch::cat({model->fc1->weight.grad().flatten(), model->out->bias.grad()});
     torch::Tensor sum = torch::arange(1000, torch::kFloat) * static_cast<float>(rank + 1);
@@ -183,7 +183,7 @@ TEST(Lesson09Nccl, JobOfOneOnTheGpu) {
   lesson09::ANN model;
   model->to(gpu);
   const torch::Tensor before = torch::nn::utils::parameters_to_vector(model->parameters()).cpu();
-  lesson09::broadcast_parameters(*group, model, std::chrono::seconds(60));
+  lesson09::broadcast_parameters(*group, model->parameters(), std::chrono::seconds(60));
   EXPECT_TRUE(torch::equal(torch::nn::utils::parameters_to_vector(model->parameters()).cpu(), before));
   course::shutdown_group(*group);
 }

@@ -11,14 +11,6 @@
 //         for bit, at lesson 05's test accuracy. Exit 0 PASS, 1 FAIL (or a rank lost), 2 bad input.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, at::parallel_for
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // defines: c10d::PrefixStore
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>     // defines: c10d::TCPStore (the rendezvous)
-#ifdef GPU_LESSONS_WITH_GLOO
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // defines: c10d::ProcessGroupGloo
-#endif
-#ifdef GPU_LESSONS_WITH_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // defines: c10d::ProcessGroupNCCL
-#endif
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <torch/nn/parallel/data_parallel.h>  // defines: torch::nn::parallel::data_parallel
 #endif
@@ -36,6 +28,10 @@
 #include "distributed/c10d.h"     // defines: CommGroup (Gloo and NCCL ranks), shutdown_group
 #include "distributed/launch.h"   // defines: rank_from_environment, join_job, exit_lost_job
 #include "distributed/sampler.h"  // defines: epoch_order, shard_indices (DistributedSampler's work)
+
+// What LibTorch's C++ API lacks of torch.distributed, in a file of its own: init_process_group
+// and DistributedDataParallel's broadcast and all-reduce.
+#include "distributed_data_parallel.h"
 
 namespace lesson09 {
 
@@ -157,76 +153,6 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
 //! [data-parallel-step]
 
 // ---- part 2: torchrun, init_process_group, DistributedDataParallel: a process per device, c10d --
-//! [init-process-group]
-// The rendezvous, as init_process_group's env:// makes it: a TCPStore at MASTER_ADDR:MASTER_PORT,
-// hosted by rank 0 (by the launcher's agent under torchrun); this attempt's keys under a prefix.
-c10::intrusive_ptr<c10d::Store> connect_store(const course::RankInfo& info,
-                                              std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(info.master_port);
-  options.isServer = !info.agent_store && info.rank == 0;
-  options.numWorkers = info.world_size;
-  options.waitWorkers = false;  // the group's start-up waits for the other ranks, once
-  options.timeout = timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
-  return c10::make_intrusive<c10d::PrefixStore>("attempt_" + std::to_string(info.restart_count),
-                                                store);
-}
-// The group of `world_size` ranks over `store`: NCCL for CUDA tensors, Gloo for CPU tensors. It
-// waits at most `timeout` for a rank: Gloo then fails the collective, NCCL's watchdog the process.
-c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                 int rank, int world_size,
-                                                 const torch::Device& device,
-                                                 std::chrono::milliseconds timeout) {
-#ifdef GPU_LESSONS_WITH_NCCL
-  if (device.is_cuda()) {  // collectives on the GPU, over NVLink or the network
-    auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
-  }
-#endif
-#ifdef GPU_LESSONS_WITH_GLOO
-  if (device.is_cpu()) {  // collectives on CPU tensors over TCP; it connects to every rank now
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
-  }
-#endif
-  throw course::CourseError("this build has no c10d backend for " + device.str(),  // exit 2
-                            "Gloo needs libgloo-dev at build time, NCCL a CUDA LibTorch");
-}
-//! [init-process-group]
-
-//! [broadcast-and-allreduce]
-// DistributedDataParallel(model) starts every rank from rank 0's parameters: a broadcast.
-void broadcast_parameters(course::CommGroup& group, ANN& model, std::chrono::milliseconds timeout) {
-  torch::NoGradGuard no_grad;  // the backend writes into the parameters themselves
-  for (auto& p : model->parameters()) {
-    std::vector<torch::Tensor> tensors{p};
-    group.broadcast(tensors)->wait(timeout);  // from rank 0; Gloo gives up after `timeout`
-  }
-}
-// Every rank's `tensor` summed, in place, on every rank.
-void allreduce_sum(course::CommGroup& group, torch::Tensor& tensor,
-                   std::chrono::milliseconds timeout) {
-  std::vector<torch::Tensor> tensors{tensor};
-  group.allreduce(tensors)->wait(timeout);  // ReduceOp::SUM by default
-}
-// What DDP does after backward(): the gradients into a flat bucket (DDP's have a set size; this
-// model's gradients fit one), one all-reduce, and each gradient copied back from the sum.
-void allreduce_gradients(course::CommGroup& group, ANN& model, std::chrono::milliseconds timeout) {
-  std::vector<torch::Tensor> params = model->parameters(), grads;
-  for (const auto& p : params)  // a rank with no samples this step adds zeros
-    grads.push_back(p.grad().defined() ? p.grad().view(-1) : torch::zeros_like(p).view(-1));
-  torch::Tensor bucket = torch::cat(grads);
-  allreduce_sum(group, bucket, timeout);
-  for (std::int64_t i = 0, offset = 0; i < static_cast<std::int64_t>(params.size()); ++i) {
-    params[i].mutable_grad() =
-        bucket.slice(0, offset, offset + params[i].numel()).view_as(params[i]).clone();
-    offset += params[i].numel();
-  }
-}
-//! [broadcast-and-allreduce]
 
 //! [train-data-parallel]
 // Lesson 05's loop as rank `rank` of `world_size` (a group of one: one process).
@@ -237,7 +163,7 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
   torch::manual_seed(seed);  // the same weights on every rank (the broadcast makes sure)
   ANN model;
   model->to(device);                            // model = SimpleNN().to(device), lesson 05's ANN
-  broadcast_parameters(group, model, timeout);  // model = DistributedDataParallel(model)
+  broadcast_parameters(group, model->parameters(), timeout);  // model = DDP(model)
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   const std::int64_t samples = train.images.size(0), global_batch = world_size * batch_per_rank;
   const auto sum = torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum);
@@ -260,7 +186,7 @@ ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
         loss.backward();
         loss_sum += loss.detach() * in_step;
       }
-      allreduce_gradients(group, model, timeout);  // waits for every rank
+      allreduce_gradients(group, model->parameters(), timeout);  // waits for every rank
       optimizer.step();  // the same gradients and the same state: the same step on every rank
     }
     allreduce_sum(group, loss_sum, timeout);  // every rank's samples
@@ -328,9 +254,8 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
   std::printf("\n== Part 2: distributed data parallel, rank %d of %d (local rank %d) ==\n",
               info.rank, info.world_size, info.local_rank);
   // dist.init_process_group(backend): the store, then the group; no rank missing, or exit 2.
-  const c10::intrusive_ptr<course::CommGroup> group = course::join_job(info, [&] {
-    return make_group(connect_store(info, timeout), info.rank, info.world_size, device, timeout);
-  });
+  const c10::intrusive_ptr<course::CommGroup> group =
+      course::join_job(info, [&] { return init_process_group(info, device, timeout); });
   std::printf("%s group of %d formed, timeout %lld s\n", device.is_cuda() ? "nccl" : "gloo",
               info.world_size, static_cast<long long>(timeout.count() / 1000));
   ANN model{nullptr};
