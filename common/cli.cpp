@@ -148,14 +148,14 @@ CpuThreads::~CpuThreads() {
   if (at::get_num_threads() != previous_) at::set_num_threads(previous_);
 }
 
-c10::Device start_lesson(const CommonOptions& options) {
+namespace {
+c10::Device start(const CommonOptions& options, const DeviceChoice& choice) {
   // LibTorch 1.13 starts with one intra-op thread on a 2-core machine; the course uses them all.
   // More threads than cores never help: at the end of each operator every thread waits for the
   // slowest, and a thread that has no core waits for one (bench_training's BM_TrainStepThreadsCpu
   // measures it). So --threads is held to the cores, and says so.
   const int cores = available_cores();
   at::set_num_threads(options.threads > 0 ? std::min(options.threads, cores) : cores);
-  const DeviceChoice choice = resolve_device(options.device);
   // Count CPU allocations from here on, so lessons can report CPU memory like CUDA memory.
   install_counting_cpu_allocator();
   std::cout << "Device: " << describe(choice.device) << std::endl;
@@ -168,6 +168,20 @@ c10::Device start_lesson(const CommonOptions& options) {
               << " cores this process may use; LibTorch runs " << cores << std::endl;
   }
   return choice.device;
+}
+}  // namespace
+
+c10::Device start_lesson(const CommonOptions& options, const c10::Device& chosen) {
+  if (options.device != "auto") return start_lesson(options);
+  DeviceChoice choice;  // the lesson's own choice, kept
+  choice.requested = options.device;
+  choice.device = chosen.is_cuda() && !chosen.has_index() ? c10::Device(c10::kCUDA, 0) : chosen;
+  if (choice.device.is_cpu() && cuda_device_count() == 0) choice.fallback = why_no_cuda();
+  return start(options, choice);
+}
+
+c10::Device start_lesson(const CommonOptions& options) {
+  return start(options, resolve_device(options.device));
 }
 
 }  // namespace course

@@ -55,6 +55,10 @@ class Cli {
 
 /// Applies --threads, resolves --device (UsageError on a bad one) and prints the device line,
 /// always the lesson's first line, plus the reason when a CUDA request fell back to the CPU.
+/// `chosen` is the lesson's own choice, the tutorials' `cuda if available else cpu`, which
+/// --device auto (the default) keeps (a GPU as cuda:0); another --device overrides it.
+c10::Device start_lesson(const CommonOptions& options, const c10::Device& chosen);
+/// The same, with --device auto's choice made by resolve_device.
 c10::Device start_lesson(const CommonOptions& options);
 
 /// The CPU time a quota gives this process, in cores rounded up: the smallest quota of its cgroup

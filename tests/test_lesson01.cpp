@@ -20,6 +20,17 @@ TEST(Tutorial, ChoosesTheDeviceAutoPicks) {
   EXPECT_EQ(tensor.sizes(), torch::IntArrayRef({5, 5}));
 }
 
+// Tests tutorial 004's three-way choice: CUDA where it is available, else MPS where LibTorch has it
+// and says it is available (never on Linux), else the CPU.
+TEST(Tutorial, ThreeWayChoiceCudaMpsCpu) {
+  const torch::Device device = lesson01::choose_device_cuda_mps_cpu();
+  if (torch::cuda::is_available()) {
+    EXPECT_TRUE(device.is_cuda());
+  } else {
+    EXPECT_TRUE(device.is_cpu()) << device;  // a Linux machine has no MPS
+  }
+}
+
 // Tests that the first tensor goes to the device it is given (the meta device stands in for a
 // GPU on a machine without one).
 TEST(Tutorial, FirstTensorMoves) {

@@ -31,6 +31,7 @@
 #include "common/compare.h"  // defines: max_rel_diff, tolerance_for
 #include "common/device.h"   // defines: resolve_device, list_gpus, format_bytes
 #include "common/verdict.h"  // defines: Verdict, report_error
+#include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 
 namespace lesson01 {
 
@@ -64,6 +65,22 @@ torch::Device choose_device() {
   }
   return device;
 }
+
+//! [mps]
+// Tutorial 004 checks for "CUDA/MPS": MPS is the GPU of Apple's Macs. The three-way choice, CUDA,
+// then MPS, then the CPU: torch::mps::is_available() (torch/mps.h) is in LibTorch 2.x, not 1.13;
+// on Linux it answers false, as Python's torch.backends.mps.is_available() does.
+torch::Device choose_device_cuda_mps_cpu() {
+  if (torch::cuda::is_available()) return torch::kCUDA;
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 0)
+  if (torch::mps::is_available()) return torch::kMPS;
+  std::cout << "torch::mps::is_available(): false\n";
+#else
+  std::cout << "torch::mps: none in LibTorch " << TORCH_VERSION << " (from 2.0 on)\n";
+#endif
+  return torch::kCPU;
+}
+//! [mps]
 
 torch::Tensor first_tensor(const torch::Device& device) {
   // Tutorial 001, "CUDA tensors": create a tensor (on the CPU), then move it to the device.
@@ -165,6 +182,9 @@ int main(int argc, char** argv) try {
                 "the tutorials' device is the one --device auto picks", auto_device.str());
   verdict.check(tensor.device().type() == tutorial_device.type(),
                 "the tutorial's tensor is on " + tutorial_device.str());
+  std::cout << "Tutorial 004's choice, CUDA, then Apple's MPS, then the CPU:\n";
+  const torch::Device three_way = lesson01::choose_device_cuda_mps_cpu();
+  std::cout << "Using device: " << three_way << "\n";
 
   std::cout << "\n";
   const lesson01::BuildInfo info = lesson01::build_info();

@@ -264,7 +264,8 @@ int main(int argc, char** argv) try {
   course::Cli cli("lesson02_moving_model",
                   "Lesson 02: model->to(device) moves parameters and buffers, in place.", options);
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   course::Verdict verdict;
 
   torch::manual_seed(options.seed);

@@ -239,7 +239,8 @@ int main(int argc, char** argv) try {
                   "Lesson 03: what .to(device) copies, pinned memory, and seeds across devices.",
                   options);
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   const bool cuda = device.is_cuda();
   course::Verdict verdict;
 

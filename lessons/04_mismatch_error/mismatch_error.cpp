@@ -276,7 +276,8 @@ int main(int argc, char** argv) try {
       "lesson04_mismatch_error",
       "Lesson 04: the 'Expected all tensors to be on the same device' error and its fix.", options);
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   course::Verdict verdict;
   torch::manual_seed(options.seed);
 

@@ -182,7 +182,8 @@ int main(int argc, char** argv) try {
 
   // 1. Device: the tutorial's torch.device("cuda" if torch.cuda.is_available() else "cpu"), with
   // --device to choose (lesson 01). Prints the device first ("Device: ...").
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   //! [main-start]
   torch::manual_seed(options.seed);  // the same weights and batch order every run
 

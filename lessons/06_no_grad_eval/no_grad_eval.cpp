@@ -270,7 +270,8 @@ int main(int argc, char** argv) try {
                   "Lesson 06: eval(), NoGradGuard and InferenceMode, measured.", options);
   cli.add_data_dir();
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   course::Verdict verdict;
 
   course::ImageSet test =

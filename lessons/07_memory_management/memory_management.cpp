@@ -334,12 +334,12 @@ int main(int argc, char** argv) try {
   course::CommonOptions options;
   options.seed = kSeed;
   course::Cli cli("lesson07_memory_management",
-                  "Lesson 07: memory of a training step, freeing it, and recovering from OOM.",
-                  options);
+                  "Lesson 07: memory of a training step, freeing it, and surviving OOM.", options);
   bool watch = false;
   cli.add_flag("--watch", watch, "print nvidia-smi's view once a second while steps train (CUDA)");
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   course::Verdict verdict;
 
   torch::manual_seed(options.seed);

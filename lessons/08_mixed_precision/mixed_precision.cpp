@@ -359,13 +359,13 @@ int main(int argc, char** argv) try {
   course::CommonOptions options;
   options.seed = kSeed;
   int epochs = 0;  // 0: kEpochs, or 1 with --quick
-  course::Cli cli(
-      "lesson08_mixed_precision",
-      "Lesson 08: the tutorial's AMP loop (autocast and a gradient scaler) against fp32.", options);
+  course::Cli cli("lesson08_mixed_precision",
+                  "Lesson 08: the tutorial's AMP loop (autocast, GradScaler) and fp32.", options);
   cli.add_data_dir();
   cli.add_option("--epochs", epochs, "epochs per precision (0 = 2, or 1 with --quick)", 0, 1000);
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   const torch::ScalarType dtype = device.is_cuda() ? kCudaDtype : kCpuDtype;
   course::Verdict verdict;
 

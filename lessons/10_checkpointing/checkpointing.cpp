@@ -334,7 +334,8 @@ int main(int argc, char** argv) try {
   cli.add_path("--to-python", to_python_path,
                "write the model at the end for Python's torch.load(PATH, weights_only=True)");
   if (auto code = cli.parse(argc, argv)) return *code;
-  const torch::Device device = course::start_lesson(options);
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  device = course::start_lesson(options, device);  // --device may override it; printed first
   course::check_writable(checkpoint, "--checkpoint");  // before the training, not after it
   course::check_writable(to_python_path, "--to-python");
 

@@ -73,7 +73,27 @@ TEST(DeviceIdentity, CpuOrIndexAndUuid) {
   }
 }
 
-// Tests byte formatting across units.
+// Tests start_lesson with the lesson's own device: --device auto keeps it (a GPU as cuda:0) and
+// prints it first; another --device overrides it, a bad one is a usage error.
+TEST(StartLesson, AutoKeepsTheLessonsChoiceAndDeviceOverridesIt) {
+  const int threads = at::get_num_threads();
+  const torch::Device tutorials(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  course::CommonOptions options;
+  testing::internal::CaptureStdout();
+  const c10::Device kept = course::start_lesson(options, tutorials);
+  const std::string printed = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(kept.type(), tutorials.type());
+  if (kept.is_cuda()) EXPECT_EQ(kept.index(), 0);
+  EXPECT_EQ(printed.rfind("Device: " + kept.str(), 0), 0u) << printed;
+  options.device = "cpu";
+  testing::internal::CaptureStdout();
+  EXPECT_TRUE(course::start_lesson(options, torch::Device(torch::kCUDA)).is_cpu());
+  testing::internal::GetCapturedStdout();
+  options.device = "cuda:99";
+  EXPECT_THROW(course::start_lesson(options, tutorials), course::UsageError);
+  at::set_num_threads(threads);
+}
+
 // Tests that CpuThreads sets the thread count for its scope only, and that 0 leaves it alone.
 TEST(CpuThreads, SetsForAScopeAndRestores) {
   const int before = at::get_num_threads();
