@@ -68,6 +68,32 @@ TEST(Loaders, EverySampleOncePerEpoch) {
   expect_each_sample_once("resident", torch::kCPU);
 }
 
+// Tests tutorial 002's loop: its slices cover the tensors once, in order, the last one shorter,
+// each moved to the device; and they hold what the same slices of the tensors moved once hold
+// (the resident way). On a GPU too (expect_tutorial_002_slices is called by the GPU test).
+void expect_tutorial_002_slices(const torch::Device& device) {
+  const course::ImageSet data = numbered(25);
+  const torch::Tensor X_tensor = data.images.reshape({25, -1}), y_tensor = data.labels;
+  const torch::Tensor X_resident = X_tensor.to(device), y_resident = y_tensor.to(device);
+  std::vector<std::int64_t> sizes;
+  std::int64_t i = 0;
+  lesson11::tutorial_002_epoch(X_tensor, y_tensor, 10, device,
+                               [&](const torch::Tensor& Xbatch, const torch::Tensor& ybatch) {
+                                 EXPECT_EQ(Xbatch.device(), device);
+                                 EXPECT_EQ(ybatch.device(), device);
+                                 const std::int64_t n = Xbatch.size(0);
+                                 EXPECT_TRUE(torch::equal(Xbatch, X_resident.slice(0, i, i + n)));
+                                 EXPECT_TRUE(torch::equal(ybatch, y_resident.slice(0, i, i + n)));
+                                 sizes.push_back(n);
+                                 i += n;
+                               });
+  EXPECT_EQ(sizes, (std::vector<std::int64_t>{10, 10, 5}));
+}
+
+TEST(Tutorial002, SlicesMovedOneByOneHoldTheResidentSlices) {
+  expect_tutorial_002_slices(torch::kCPU);
+}
+
 // Tests that an unknown loader or run name is a usage error.
 TEST(Loaders, UnknownNameIsUsageError) {
   EXPECT_THROW(lesson11::Loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
@@ -295,6 +321,7 @@ TEST_F(FashionMnistTest, QuickRunReachesQuickBar) {
 
 // Tests both loaders on the GPU: every sample once, and training lowers the loss.
 TEST_F(CudaTest, LoadersAndTrainingOnGpu) {
+  expect_tutorial_002_slices(device);
   expect_each_sample_once("pinned", device);
   expect_each_sample_once("resident", device);
   course::ImageSet data = numbered(2000);

@@ -88,6 +88,24 @@ EpochStats train_epoch_tutorial(Trainer& trainer, course::TrainLoader& train_loa
 }
 //! [tutorial]
 
+// ---- tutorial 002's loop: slices of one tensor, each moved as it is used ----------------------
+//! [tutorial-002]
+// for i in range(0, len(X_tensor), batch_size):
+//     Xbatch = X_tensor[i:i+batch_size].to(device); ...; ybatch = y_tensor[i:i+batch_size].to(device)
+// A slice is a view (nothing is copied; the last one is shorter, as in Python); .to(device) then
+// copies it: one copy each step. The resident loader below moves the tensors to the device once,
+// before the loop, and takes its batches where they already are.
+template <typename Step>
+void tutorial_002_epoch(const torch::Tensor& X_tensor, const torch::Tensor& y_tensor,
+                        std::int64_t batch_size, const torch::Device& device, Step&& step) {
+  for (std::int64_t i = 0; i < X_tensor.size(0); i += batch_size) {
+    const torch::Tensor Xbatch = X_tensor.slice(/*dim=*/0, i, i + batch_size).to(device);
+    const torch::Tensor ybatch = y_tensor.slice(/*dim=*/0, i, i + batch_size).to(device);
+    step(Xbatch, ybatch);  // y_pred = class_model(Xbatch); loss = loss_fn(y_pred, ybatch); ...
+  }
+}
+//! [tutorial-002]
+
 // ---- 1. "pinned" and 2. "resident": where the batches come from; the loss read once per epoch --
 struct Batch {  // float32 images [B, 784] and int64 labels [B], on the training device
   torch::Tensor images, labels;
