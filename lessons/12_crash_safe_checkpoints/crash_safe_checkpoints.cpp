@@ -37,11 +37,11 @@
 #include "common/generator.h"         // defines: rng_state, set_rng_state
 #include "common/interrupt.h"         // defines: StopOnInterrupt, Interrupted, epoch_abandoned
 #include "common/report.h"            // defines: format
-#include "torch_files/state_dict.h"        // defines: CheckpointError, checked_copies, tensor_crc32, ...
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/timing.h"            // defines: Stopwatch
 #include "common/verdict.h"           // defines: Verdict, report_error
 #include "crash_test.h"               // defines: KillReport, kill_repeatedly
+#include "torch_files/state_dict.h"   // defines: CheckpointError, checked_copies, tensor_crc32
 
 namespace lesson12 {
 
@@ -558,8 +558,7 @@ int main(int argc, char** argv) try {
   std::string checkpoint, save_loop_path;
   bool in_place = false;
   course::Cli cli("lesson12_crash_safe_checkpoints",
-                  "Lesson 12: checkpoints that resume exactly, survive a kill, refuse bad files.",
-                  options);
+                  "Lesson 12: checkpoints that resume, survive a kill, refuse bad files.", options);
   cli.add_data_dir();
   cli.add_path("--checkpoint", checkpoint,
                "train to --epochs, resuming from this file when it exists, saving every epoch");
