@@ -9,6 +9,8 @@ build; and what a class needs besides). A class that cannot run here skips (unit
   RunBenchmarks   scripts/run-benchmarks --budget and --programs
   GpuPass         scripts/gpu-pass rehearsed on the CPU, as a GPU server runs it
   LabsGraded      every lab's starter fails scripts/grade-lab, a lesson passes it
+  MakePages       scripts/make-pages: a page whose quoted transcript changed fails --check
+                  until --reread records it as read
 """
 import glob
 import json
@@ -47,6 +49,58 @@ class Scratch(unittest.TestCase):
 
     def path(self, *parts):
         return os.path.join(self.tmp, *parts)
+
+
+class MakePages(Scratch):
+    """scripts/make-pages, copied into a tree of one page that quotes a transcript: the page is
+    written with the transcript's figure; --check fails until --reread records the page as read
+    against it; a new capture of the same output (another "# captured:" date) changes nothing;
+    a changed figure is written onto the page, and --check fails again, naming the page and the
+    transcript, until the page is reread. --reread refuses what is not a source page."""
+
+    def make_pages(self, *args):
+        return run([self.path("scripts", "make-pages"), *args], cwd=self.tmp)
+
+    def capture(self, date, figure):
+        with open(self.path("docs", "transcripts", "cpu", "x.txt"), "w") as f:
+            f.write(f"# captured: {date}\nthe loop took {figure} ms\n")
+
+    def test_a_changed_transcript_fails_until_reread(self):
+        os.makedirs(self.path("scripts"))
+        shutil.copy(os.path.join(SCRIPTS, "make-pages"), self.path("scripts", "make-pages"))
+        os.makedirs(self.path("docs", "src", "lessons"))
+        os.makedirs(self.path("docs", "transcripts", "cpu"))
+        page = os.path.join("docs", "src", "lessons", "00_page.md")
+        with open(self.path(page), "w") as f:
+            f.write("# Page {#page}\n\nIt took \\figure{docs/transcripts/cpu/x.txt:took (\\S+ ms)}.\n")
+        self.capture("2026-01-01", "5.0")
+        code, out = self.make_pages()
+        self.assertEqual(code, 0, out)  # written, with a warning: never read
+        self.assertIn("quotes what changed since the page was read", out)
+        with open(self.path("docs", "lessons", "00_page.md")) as f:
+            self.assertIn("It took 5.0 ms.", f.read())
+        code, out = self.make_pages("--check")
+        self.assertEqual(code, 1, out)
+        code, out = self.make_pages("--reread", page)
+        self.assertEqual(code, 0, out)
+        self.assertEqual(self.make_pages("--check")[0], 0)
+        self.capture("2026-02-02", "5.0")  # the same output, captured again
+        self.assertEqual(self.make_pages("--check")[0], 0)
+        self.capture("2026-03-03", "7.0")  # new output
+        code, out = self.make_pages()
+        self.assertEqual(code, 0, out)
+        with open(self.path("docs", "lessons", "00_page.md")) as f:
+            self.assertIn("It took 7.0 ms.", f.read())
+        code, out = self.make_pages("--check")
+        self.assertEqual(code, 1, out)
+        self.assertIn(f"{page} quotes what changed since the page was read: "
+                      "docs/transcripts/cpu/x.txt", out)
+        self.assertIn("HINT", out)
+        self.assertEqual(self.make_pages("--reread", page)[0], 0)
+        self.assertEqual(self.make_pages("--check")[0], 0)
+        code, out = self.make_pages("--reread", "docs/transcripts/cpu/x.txt")
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("not a source page", out)
 
 
 class Lesson16Trace(Scratch):
