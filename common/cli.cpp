@@ -172,11 +172,10 @@ c10::Device start(const CommonOptions& options, const DeviceChoice& choice) {
 }  // namespace
 
 c10::Device start_lesson(const CommonOptions& options, const c10::Device& chosen) {
-  if (options.device != "auto") return start_lesson(options);
-  DeviceChoice choice;  // the lesson's own choice, kept
-  choice.requested = options.device;
-  choice.device = chosen.is_cuda() && !chosen.has_index() ? c10::Device(c10::kCUDA, 0) : chosen;
-  if (choice.device.is_cpu() && cuda_device_count() == 0) choice.fallback = why_no_cuda();
+  DeviceChoice choice = resolve_device(options.device);  // its fallback note included
+  if (options.device == "auto") {  // the lesson's own choice, kept (a GPU as cuda:0)
+    choice.device = chosen.is_cuda() && !chosen.has_index() ? c10::Device(c10::kCUDA, 0) : chosen;
+  }
   return start(options, choice);
 }
 
