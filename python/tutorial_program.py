@@ -11,6 +11,7 @@ does, so that the C++ lessons can read what this program writes and the other wa
   python3 python/tutorial_program.py --epochs 1 --save model.pt
   build/bin/lesson10_checkpointing --from-python model.pt --to-python back.pt
   python3 python/tutorial_program.py --load back.pt
+  python3 python/tutorial_program.py --epochs 1 --export ann.pt2   # lesson 18 runs it from C++
 
   --epochs N   epochs to train (the tutorial's 5)
   --limit N    train on the first N training images only (all 10,000 test images are scored)
@@ -20,6 +21,10 @@ does, so that the C++ lessons can read what this program writes and the other wa
                weights_only=True))
   --time       after each epoch's line, its seconds ("epoch time 4.21 s"; scripts/yardstick reads
                them), the clock read after the epoch's last .item(), which waits for the device
+  --device D   cpu or cuda instead of the tutorial's choice (cuda when there is one)
+  --export FILE  after the evaluation, the model exported with torch.export (the batch dimension
+               dynamic) and compiled by AOTInductor into a package FILE (.pt2) for the device,
+               its test accuracy kept in the package's metadata; written whole or not at all
   --torchvision  the tutorial's own data: torchvision's datasets.FashionMNIST with
                transform=transforms.ToTensor() (each image a PIL image, then a tensor), over
                uncompressed copies of the IDX files in a temporary folder (download=False)
@@ -107,6 +112,28 @@ class ANN(nn.Module):
         return self.out(x)   # CrossEntropyLoss = no softmax needed
 
 
+# [export]
+def export_package(model, device, path, accuracy):
+    """The trained model as a package that C++ loads with AOTIModelPackageLoader: torch.export
+    records what forward() does on an example batch as a graph of ATen operators, the batch size
+    left free (Dim), and AOTInductor compiles that graph for `device` into a .pt2 file."""
+    model.eval()
+    example = torch.rand(64, 1, 28, 28, device=device)  # what ToTensor gives: [B, 1, 28, 28]
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
+    folder, name = os.path.split(os.path.abspath(path))
+    partial = os.path.join(folder, f".{name}.{os.getpid()}.pt2")  # renamed when whole
+    torch._inductor.aoti_compile_and_package(
+        program, package_path=partial,
+        inductor_configs={
+            # export treats sizes 0 and 1 as special, so the package's input check would
+            # refuse a batch of 1; this model has nothing that depends on it
+            "aot_inductor.check_lowerbound": False,
+            "aot_inductor.metadata": {"test_accuracy": f"{accuracy:.4f}", "torch": torch.__version__}})
+    os.replace(partial, path)
+# [export]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=5)
@@ -115,6 +142,8 @@ def main():
     parser.add_argument("--save", metavar="FILE")
     parser.add_argument("--load", metavar="FILE")
     parser.add_argument("--time", action="store_true")
+    parser.add_argument("--device", choices=["cpu", "cuda"])
+    parser.add_argument("--export", metavar="FILE")
     parser.add_argument("--torchvision", action="store_true")
     parser.add_argument("--data-dir", default=os.environ.get(
         "GPU_LESSONS_DATA_DIR") or "/usr/share/datasets/fashion-mnist")
@@ -123,6 +152,8 @@ def main():
 
     # 1. Device
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.device:
+        device = torch.device(args.device)
     print("Using:", device)
 
     # 2. Data
@@ -194,6 +225,11 @@ def main():
             correct += (predicted == labels).sum().item()
 
     print(f"Test Accuracy: {correct / total:.4f}")
+    if args.export:
+        start = time.perf_counter()
+        export_package(model, device, args.export, correct / total)
+        print(f"exported {args.export} for {device.type} in {time.perf_counter() - start:.1f} s "
+              f"(torch {torch.__version__})")
 
 
 if __name__ == "__main__":
