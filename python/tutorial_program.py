@@ -121,8 +121,8 @@ def export_package(model, device, path, accuracy):
     example = torch.rand(64, 1, 28, 28, device=device)  # what ToTensor gives: [B, 1, 28, 28]
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
-    folder, name = os.path.split(os.path.abspath(path))
-    partial = os.path.join(folder, f".{name}.{os.getpid()}.pt2")  # renamed when whole
+    folder = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)))  # renamed from here
+    partial = os.path.join(folder, os.path.basename(path))                  # when whole
     torch._inductor.aoti_compile_and_package(
         program, package_path=partial,
         inductor_configs={
@@ -130,7 +130,10 @@ def export_package(model, device, path, accuracy):
             # refuse a batch of 1; this model has nothing that depends on it
             "aot_inductor.check_lowerbound": False,
             "aot_inductor.metadata": {"test_accuracy": f"{accuracy:.4f}", "torch": torch.__version__}})
+    with open(partial, "rb") as written:
+        os.fsync(written.fileno())  # on the disk before it takes the name (lesson 12's rule)
     os.replace(partial, path)
+    os.rmdir(folder)
 # [export]
 
 

@@ -45,6 +45,7 @@
 #include "torch_files/state_dict.h"  // defines: read_python_state_dict, load_state_dict
 
 #if GPU_LESSONS_TORCH_AT_LEAST(2, 6)  // AOTIModelPackageLoader came with PyTorch 2.6
+#include <caffe2/serialize/inline_container.h>  // defines: PyTorchStreamReader (a .pt2's zip)
 #include <dlfcn.h>  // defines: dlopen, dlinfo, dladdr (which libtorch.so this process runs)
 #include <link.h>   // defines: link_map
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>  // AOTIModelPackageLoader
@@ -161,6 +162,27 @@ void check_libtorch_loaded() {
 //! [libtorch]
 
 //! [load]
+// The device a package's code was compiled for ("cpu", "cuda"), read from the metadata beside it
+// in the zip before anything is loaded: a CUDA package's code cannot even be loaded where there
+// is no CUDA driver. "" for a file that is not a package.
+std::string compiled_for(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader zip(path);  // LibTorch's reader of torch's zip files
+    for (const auto& name : zip.getAllRecords()) {
+      if (name.size() < 22 || name.compare(name.size() - 22, 22, ".wrapper_metadata.json") != 0)
+        continue;
+      const auto [bytes, size] = zip.getRecord(name);  // {"AOTI_DEVICE_KEY": "cuda", ...}
+      const std::string json(static_cast<const char*>(bytes.get()), size);
+      const std::string key = "\"AOTI_DEVICE_KEY\": \"";
+      const auto at = json.find(key);
+      if (at != std::string::npos)
+        return json.substr(at + key.size(), json.find('"', at + key.size()) - at - key.size());
+    }
+  } catch (const c10::Error&) {  // not a zip, or one cut short
+  }
+  return "";
+}
+
 // A .pt2 of the tutorial's ANN (input [B, 1, 28, 28] float32 in [0, 1], output [B, 10] logits),
 // loaded once, run on batches of images.
 class Package {
@@ -169,26 +191,29 @@ class Package {
     if (!std::filesystem::is_regular_file(path))
       throw course::CourseError("no package " + path, "give the .pt2 file that "
                                 "torch._inductor.aoti_compile_and_package wrote (--package FILE)");
+    const std::string kind = compiled_for(path);  // "cpu" or "cuda"
+    if (kind.empty())
+      throw course::CourseError(path + " is not an AOTInductor package",
+                                "a package is the .pt2 (a zip) that aoti_compile_and_package writes; "
+                                "a torch.save file is lesson 10's (--state-dict)");
+    if (kind != c10::DeviceTypeName(device.type(), /*lower_case=*/true))  // its code runs only there
+      throw course::CourseError(path + " was compiled for " + kind + ", this run is on " + device.str(),
+                                kind == "cuda"
+                                    ? "run it with --device cuda on a machine with a GPU, or make a "
+                                      "package for the CPU (tutorial_program.py --device cpu --export)"
+                                    : "run it with --device cpu, or make one on the GPU's machine");
     // A package checks its input's dtype, sizes and strides only when this is set (its code reads
     // it once); without it a batch of another size can run through code made for one size.
     setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/1);
     check_libtorch_loaded();
     try {
       loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path);
-    } catch (const c10::Error& e) {  // the zip or what it holds
-      throw course::CourseError(path + " is not an AOTInductor package: " + e.msg().substr(0, e.msg().find('\n')),
-                                "a package is the .pt2 (a zip) that aoti_compile_and_package writes; "
-                                "a torch.save file is lesson 10's (--state-dict)");
+    } catch (const c10::Error& e) {  // a damaged package, or code this machine cannot load
+      throw course::CourseError("cannot load " + path + ": " + e.msg().substr(0, e.msg().find('\n')),
+                                "make the package again on this machine's kind (tutorial_program.py "
+                                "--export), with the torch of this LibTorch");
     }
     metadata_ = loader_->get_metadata();
-    const std::string compiled_for = metadata("AOTI_DEVICE_KEY");  // "cpu" or "cuda"
-    if (compiled_for != c10::DeviceTypeName(device.type(), /*lower_case=*/true))  // its kernels run only there
-      throw course::CourseError(path + " was compiled for " + compiled_for + ", this run is on " +
-                                    device.str(),
-                                compiled_for == "cuda"
-                                    ? "run it with --device cuda on a machine with a GPU, or make a "
-                                      "package for the CPU (tutorial_program.py --device cpu --export)"
-                                    : "run it with --device cpu, or make one on the GPU's machine");
   }
 
   // The package's answer for `x` [B, 1, 28, 28] on the device it was made for: [B, 10] there.
@@ -206,7 +231,7 @@ class Package {
     }
     if (out.size() != 1 || out[0].sizes() != torch::IntArrayRef{x.size(0), kClasses})
       throw course::CourseError("the package answered a batch of " + std::to_string(x.size(0)) +
-                                    " with " + (out.empty() ? "nothing" : "a tensor of another shape"),
+                                    " with " + (out.empty() ? "nothing" : c10::str(out[0].sizes())),
                                 "it is not a package of the tutorial's ANN ([B, 10] logits)");
     return out[0];
   }
@@ -345,7 +370,7 @@ int main(int argc, char** argv) try {
 
   Package package(package_path, device);
   std::cout << "loaded " << package_path << " (compiled for " << package.metadata("AOTI_DEVICE_KEY")
-            << " by torch " << (package.metadata("torch").empty() ? "?" : package.metadata("torch"))
+            << (package.metadata("torch").empty() ? "" : " by torch " + package.metadata("torch"))
             << ")\n";
   torch::NoGradGuard no_grad;
   const auto logits = in_batches([&](const torch::Tensor& x) { return package.logits(x); },

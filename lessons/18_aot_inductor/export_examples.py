@@ -52,6 +52,18 @@ def main():
     if "data-dependent" not in refused:
         wrong.append("torch.export did not refuse a branch on the data")
 
+    # [cond]
+    class Conditional(nn.Module):
+        def forward(self, x):  # both ways become graphs of their own; the data picks at run time
+            return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+
+    conditional = torch.export.export(Conditional(), (torch.rand(3),)).module()
+    # [cond]
+    answers = [conditional(torch.full((3,), v)).tolist() for v in (1.0, -1.0)]
+    print("the same branch with torch.cond, exported, on ones and on minus ones:", answers)
+    if answers != [[2.0, 2.0, 2.0], [-2.0, -2.0, -2.0]]:
+        wrong.append("the torch.cond version did not take each branch")
+
     # [torchscript]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
