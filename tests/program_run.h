@@ -1,17 +1,42 @@
 // program_run.h defines: ProgramRun, run_program() and program_ended(), a program of the course
 // run to its end from a test, its exit code and all it printed (standard output and error) read
-// back, for the tests of what a program does on the command line.
+// back, for the tests of what a program does on the command line; built_program() and
+// test_python(), which find the program and the Python where a build was carried to another
+// machine.
 #pragma once
 
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/child_process.h"  // defines: ChildProcess, describe_status
+
+/// A program of the build, at `built` (the path CMake gave it), or beside this test binary when
+/// the build was carried elsewhere (another machine, another folder).
+inline std::string built_program(const std::string& built) {
+  if (std::filesystem::exists(built)) return built;
+  return (std::filesystem::path(course::self_executable()).parent_path() /
+          std::filesystem::path(built).filename()).string();
+}
+
+/// The Python whose torch is this LibTorch: $GPU_LESSONS_PYTHON, else `built` (CMake's; empty
+/// when there is none).
+inline std::string test_python(const std::string& built) {
+  const char* chosen = std::getenv("GPU_LESSONS_PYTHON");
+  return chosen && *chosen ? chosen : built;
+}
+
+/// A file of the source tree at `built` (CMake's path), else the same path under the current
+/// folder's (a tree copied elsewhere, its tests run from its root).
+inline std::string source_file(const std::string& built, const std::string& in_tree) {
+  return std::filesystem::exists(built) ? built : in_tree;
+}
 
 /// How a program ended, and what it printed.
 struct ProgramRun {

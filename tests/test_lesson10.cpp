@@ -255,12 +255,12 @@ TEST_F(CudaTest, WeightsMoveBetweenCpuAndCuda) {
 class PythonTest : public CheckpointTest {
  protected:
   void SetUp() override {
-    if (std::string(LESSON10_PYTHON).empty()) GTEST_SKIP() << "no Python with torch found";
+    if (test_python(LESSON10_PYTHON).empty()) GTEST_SKIP() << "no Python with torch found";
     CheckpointTest::SetUp();
   }
   // Runs Python with `args`; its exit code and output.
   static int python(const std::string& args, std::string& output) {
-    const std::string command = std::string(LESSON10_PYTHON) + " " + args + " 2>&1";
+    const std::string command = test_python(LESSON10_PYTHON) + " " + args + " 2>&1";
     FILE* pipe = ::popen(command.c_str(), "r");
     output.clear();
     char buffer[4096];
@@ -272,7 +272,9 @@ class PythonTest : public CheckpointTest {
     if (!std::regex_search(output, match, std::regex("Test Accuracy: ([0-9.]+)"))) return -1;
     return std::stod(match[1]);
   }
-  static std::string program() { return std::string(LESSON10_TUTORIAL_PROGRAM); }
+  static std::string program() {
+    return source_file(LESSON10_TUTORIAL_PROGRAM, "python/tutorial_program.py");
+  }
 };
 
 // One test image in the 10,000: what two builds of the same arithmetic may disagree on (a tie
@@ -389,26 +391,32 @@ TEST_F(PythonTest, OtherPythonFiles) {
 // ---- on the command line: the lesson's program (LESSON10_BINARY), as a learner runs it -------
 // Tests a run resumed across processes: --epochs 1, then --epochs 2 in a new process resumes from
 // epoch 1, then --epochs 2 again has nothing left to train; each passes.
-TEST(Cli, ResumeInANewProcess) { expect_resume_in_a_new_process(LESSON10_BINARY); }
+TEST(Cli, ResumeInANewProcess) {
+  expect_resume_in_a_new_process(built_program(LESSON10_BINARY));
+}
 
 // Tests that a checkpoint of random bytes stops the run with exit 2 and a HINT.
-TEST(Cli, CorruptCheckpoint) { expect_corrupt_checkpoint_refused(LESSON10_BINARY); }
+TEST(Cli, CorruptCheckpoint) {
+  expect_corrupt_checkpoint_refused(built_program(LESSON10_BINARY));
+}
 
 // Tests that --from-python of a file that does not exist stops with exit 2 and a HINT.
 TEST(Cli, MissingPythonFile) {
   Scratch dir;
-  const ProgramRun run =
-      run_program({LESSON10_BINARY, "--quick", "--from-python", dir.file("none.pt")});
+  const ProgramRun run = run_program(
+      {built_program(LESSON10_BINARY), "--quick", "--from-python", dir.file("none.pt")});
   EXPECT_EQ(run.exit_code, 2) << run.what();
   EXPECT_TRUE(run.printed("HINT: save it in Python")) << run.what();
 }
 
 // Tests that --checkpoint in a folder that does not exist stops with exit 2 before any training.
-TEST(Cli, UnwritableFolder) { expect_unwritable_folder_refused(LESSON10_BINARY); }
+TEST(Cli, UnwritableFolder) {
+  expect_unwritable_folder_refused(built_program(LESSON10_BINARY));
+}
 
 // Tests that --help lists the lesson's flags.
 TEST(Cli, Help) {
-  const ProgramRun run = run_program({LESSON10_BINARY, "--help"});
+  const ProgramRun run = run_program({built_program(LESSON10_BINARY), "--help"});
   EXPECT_EQ(run.exit_code, 0) << run.what();
   for (const char* flag : {"--from-python", "--to-python", "--checkpoint"}) {
     EXPECT_TRUE(run.printed(flag)) << flag << " is not in " << run.what();

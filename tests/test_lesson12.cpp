@@ -131,7 +131,8 @@ TEST(CrashTest, AtomicSavesSurviveSigkill) {
   Scratch scratch;
   const std::string path = scratch.file("big.pt");
   const lesson12::KillReport report = lesson12::kill_repeatedly(
-      {LESSON12_BINARY, "--save-loop", path, "--threads", "1"}, /*lines=*/2, /*kills=*/10,
+      {built_program(LESSON12_BINARY), "--save-loop", path, "--threads", "1"}, /*lines=*/2,
+      /*kills=*/10,
       /*seed=*/1, [&] { lesson12::check_save_loop_file(path); });
   EXPECT_EQ(report.kills, 10);
   EXPECT_EQ(report.survived, 10) << report.failure;
@@ -515,31 +516,37 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
 // ---- on the command line: the lesson's program (LESSON12_BINARY), as a learner runs it -------
 // Tests a run resumed across processes: --epochs 1, then --epochs 2 in a new process resumes from
 // epoch 1, then --epochs 2 again has nothing left to train; each passes.
-TEST(Cli, ResumeInANewProcess) { expect_resume_in_a_new_process(LESSON12_BINARY); }
+TEST(Cli, ResumeInANewProcess) {
+  expect_resume_in_a_new_process(built_program(LESSON12_BINARY));
+}
 
 // Tests that a checkpoint of a --quick run, resumed without --quick, stops with exit 2 and a HINT
 // naming the flags to resume with.
 TEST(Cli, ResumeWithOtherSettings) {
   Scratch dir;
-  const ProgramRun quick =
-      run_program({LESSON12_BINARY, "--quick", "--checkpoint", dir.file("run.pt"), "--epochs", "1"});
+  const ProgramRun quick = run_program({built_program(LESSON12_BINARY), "--quick", "--checkpoint",
+                                        dir.file("run.pt"), "--epochs", "1"});
   EXPECT_EQ(quick.exit_code, 0) << quick.what();
   EXPECT_TRUE(quick.printed("RESULT: PASS")) << quick.what();
-  const ProgramRun other =
-      run_program({LESSON12_BINARY, "--checkpoint", dir.file("run.pt"), "--epochs", "2"});
+  const ProgramRun other = run_program(
+      {built_program(LESSON12_BINARY), "--checkpoint", dir.file("run.pt"), "--epochs", "2"});
   EXPECT_EQ(other.exit_code, 2) << other.what();
   EXPECT_TRUE(other.printed("HINT: resume with the flags")) << other.what();
 }
 
 // Tests that a checkpoint of random bytes stops the run with exit 2 and a HINT.
-TEST(Cli, CorruptCheckpoint) { expect_corrupt_checkpoint_refused(LESSON12_BINARY); }
+TEST(Cli, CorruptCheckpoint) {
+  expect_corrupt_checkpoint_refused(built_program(LESSON12_BINARY));
+}
 
 // Tests that --checkpoint in a folder that does not exist stops with exit 2 before any training.
-TEST(Cli, UnwritableFolder) { expect_unwritable_folder_refused(LESSON12_BINARY); }
+TEST(Cli, UnwritableFolder) {
+  expect_unwritable_folder_refused(built_program(LESSON12_BINARY));
+}
 
 // Tests that --help lists the learner's flags, not the crash test's own (--save-loop, --in-place).
 TEST(Cli, Help) {
-  const ProgramRun run = run_program({LESSON12_BINARY, "--help"});
+  const ProgramRun run = run_program({built_program(LESSON12_BINARY), "--help"});
   EXPECT_EQ(run.exit_code, 0) << run.what();
   EXPECT_TRUE(run.printed("--checkpoint")) << run.what();
   EXPECT_FALSE(run.printed("--save-loop") || run.printed("--in-place")) << run.what();

@@ -17,9 +17,9 @@
 #ifdef LESSON18_WITH_AOTI
 namespace {
 
-// The packages, made once for all the tests in the build's packages/ folder (CTest makes them first:
-// the lesson's smoke run makes its own, tests/CMakeLists.txt runs the script): the lesson's own
-// (the tutorial's program, --quick) and the two of tests/lesson18_packages.py, with the test
+// The packages, made once for all the tests in the build's packages/ folder (CTest makes them
+// first: the lesson's smoke run makes its own, tests/CMakeLists.txt runs the script): the lesson's
+// own (the tutorial's program, --quick) and the two of tests/lesson18_packages.py, with the test
 // accuracy that script printed for its weights. A test binary run by itself makes what is missing.
 class Lesson18 : public ::testing::Test {
  protected:
@@ -35,14 +35,16 @@ class Lesson18 : public ::testing::Test {
     elsewhere_ = (folder / "elsewhere").string();
     if (!std::filesystem::exists(elsewhere("accuracy.txt"))) {
       std::filesystem::create_directories(elsewhere_);
-      course::ChildProcess script({lesson18::python(), LESSON18_PACKAGES_SCRIPT, elsewhere_}, {}, false);
+      course::ChildProcess script({lesson18::python(), LESSON18_PACKAGES_SCRIPT, elsewhere_}, {},
+                                  false);
       script.read_rest();
       script.wait_for(std::chrono::minutes(10));
     }
     std::ifstream said(elsewhere("accuracy.txt"));  // "Test Accuracy: 0.xxxx", as Python printed it
     std::string line;
     std::smatch m;
-    if (std::getline(said, line) && std::regex_match(line, m, std::regex("^Test Accuracy: ([0-9.]+)$")))
+    if (std::getline(said, line) &&
+        std::regex_match(line, m, std::regex("^Test Accuracy: ([0-9.]+)$")))
       elsewhere_accuracy_ = std::stod(m[1]);
     script_ok_ = elsewhere_accuracy_ > 0 && std::filesystem::exists(elsewhere("batch64.pt2"));
     if (!script_ok_) why_ = "tests/lesson18_packages.py made no packages in " + elsewhere_;
@@ -91,8 +93,8 @@ TEST_F(Lesson18, PackageComputesTheEagerANNsLogitsAndPythonsAccuracy) {
   EXPECT_LE(a.rel_diff, course::tolerance_for(torch::kFloat));
   EXPECT_EQ(a.unexplained, 0);
   ASSERT_FALSE(package.metadata("test_accuracy").empty());
-  EXPECT_NEAR(lesson18::accuracy(logits, test_set().labels), std::stod(package.metadata("test_accuracy")),
-              0.5e-4 + 1e-4);
+  EXPECT_NEAR(lesson18::accuracy(logits, test_set().labels),
+              std::stod(package.metadata("test_accuracy")), 0.5e-4 + 1e-4);
   EXPECT_EQ(package.metadata("AOTI_DEVICE_KEY"), "cpu");
   EXPECT_EQ(package.metadata("AOTI_MACHINE"), "x86_64");  // what it was compiled for
   EXPECT_FALSE(package.metadata("AOTI_CPU_ISA").empty());
@@ -109,8 +111,10 @@ TEST_F(Lesson18, PackageComputesTheEagerANNsLogitsAndPythonsAccuracy) {
 
 // Tests that the comparison can fail: other weights give other logits and unexplained predictions.
 TEST_F(Lesson18, ComparisonCatchesOtherWeights) {
-  lesson18::Package ours(made_->package, torch::kCPU), theirs(elsewhere("dynamic.pt2"), torch::kCPU);
-  const auto a = lesson18::compare(package_logits(theirs, test_set()), package_logits(ours, test_set()));
+  lesson18::Package ours(made_->package, torch::kCPU),
+      theirs(elsewhere("dynamic.pt2"), torch::kCPU);
+  const auto a =
+      lesson18::compare(package_logits(theirs, test_set()), package_logits(ours, test_set()));
   EXPECT_GT(a.rel_diff, 0.01);
   EXPECT_GT(a.unexplained, 100);
 }
@@ -177,7 +181,8 @@ TEST_F(Lesson18, FilesThatAreNotAPackageForThisRunAreClearErrors) {
   }
   std::ofstream(folder.file("cut.pt2"), std::ios::binary).write(bytes.data(), 4000);
   refused(folder.file("cut.pt2"), torch::kCPU, "is not an AOTInductor package");
-  refused(made_->package, torch::Device(torch::kCUDA, 0), "was compiled for cpu, this run is on cuda");
+  refused(made_->package, torch::Device(torch::kCUDA, 0),
+          "was compiled for cpu, this run is on cuda");
   // A CUDA package on the CPU: the same package, its metadata saying "cuda" (a real one's code
   // cannot even be loaded without a CUDA driver: the check comes before the loader).
   {
@@ -198,7 +203,9 @@ TEST_F(Lesson18, FilesThatAreNotAPackageForThisRunAreClearErrors) {
 
 // Tests that the lesson has loaded the libtorch.so of its own LibTorch, which a package's code
 // needs by that name.
-TEST(Lesson18Link, LibtorchOfThisLibTorchIsLoaded) { EXPECT_NO_THROW(lesson18::check_libtorch_loaded()); }
+TEST(Lesson18Link, LibtorchOfThisLibTorchIsLoaded) {
+  EXPECT_NO_THROW(lesson18::check_libtorch_loaded());
+}
 
 // Tests that a Python that cannot be started is a clear error with a HINT.
 TEST(Lesson18Python, PythonThatCannotStartIsAClearError) {
@@ -209,9 +216,10 @@ TEST(Lesson18Python, PythonThatCannotStartIsAClearError) {
 }
 
 #else
-// Tests that on a LibTorch without AOTInductor the lesson is waived (exit 77) and says what it needs.
+// Tests that on a LibTorch without AOTInductor the lesson is waived (exit 77) and says what it
+// needs.
 TEST(Lesson18Waived, WaivedWithWhatItNeeds) {
-  const auto run = run_program({LESSON18_BINARY, "--device", "cpu"});
+  const auto run = run_program({built_program(LESSON18_BINARY), "--device", "cpu"});
   EXPECT_EQ(run.exit_code, course::kExitWaived);
   EXPECT_NE(run.output.find("needs 2.6 or newer"), std::string::npos) << run.output;
 }

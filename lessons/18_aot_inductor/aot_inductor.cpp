@@ -34,17 +34,17 @@
 #include <string>
 #include <vector>
 
-#include "common/ann.h"            // defines: ANN (lesson 05's), test_accuracy
-#include "common/child_process.h"  // defines: ChildProcess, describe_status, self_executable
-#include "common/cli.h"            // defines: Cli, start_lesson
-#include "common/compare.h"        // defines: max_rel_diff, tolerance_for
-#include "common/data.h"           // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
-#include "common/timing.h"         // defines: time_median, describe, timing_note
-#include "common/verdict.h"        // defines: Verdict, CourseError, report_error
-#include "common/version.h"        // defines: GPU_LESSONS_TORCH_AT_LEAST
+#include "common/ann.h"              // defines: ANN (lesson 05's), test_accuracy
+#include "common/child_process.h"    // defines: ChildProcess, describe_status, self_executable
+#include "common/cli.h"              // defines: Cli, start_lesson
+#include "common/compare.h"          // defines: max_rel_diff, tolerance_for
+#include "common/data.h"             // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/timing.h"           // defines: time_median, describe, timing_note
+#include "common/verdict.h"          // defines: Verdict, CourseError, report_error
+#include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
 #include "torch_files/state_dict.h"  // defines: read_python_state_dict, load_state_dict
 
-#if GPU_LESSONS_TORCH_AT_LEAST(2, 6)  // AOTIModelPackageLoader came with PyTorch 2.6
+#if GPU_LESSONS_TORCH_AT_LEAST(2, 6)            // AOTIModelPackageLoader came with PyTorch 2.6
 #include <caffe2/serialize/inline_container.h>  // defines: PyTorchStreamReader (a .pt2's zip)
 #include <dlfcn.h>  // defines: dlopen, dlinfo, dladdr (which libtorch.so this process runs)
 #include <link.h>   // defines: link_map
@@ -61,7 +61,7 @@ constexpr std::int64_t kBatchSize = 64;  // the tutorial's test DataLoader(batch
 constexpr int kPythonEpochs = 1;         // the package's training: one of the tutorial's epochs
 constexpr int kQuickSamples = 10000;     // --quick: Python trains on the first 10,000 images
 constexpr std::int64_t kClasses = 10;
-constexpr int kWarmup = 5, kRuns = 30;   // timed calls: untimed first, then the median of these
+constexpr int kWarmup = 5, kRuns = 30;  // timed calls: untimed first, then the median of these
 //! [knobs]
 
 // ---- the package, made by Python ----------------------------------------------------------------
@@ -89,34 +89,40 @@ std::string tutorial_program() {
 // them (unless `remake`). Python's lines are shown as it prints them.
 Made make_package(const std::filesystem::path& folder, const torch::Device& device, bool quick,
                   bool remake) {
-  const std::string name = std::string("ann-") + (device.is_cuda() ? "cuda" : "cpu") +
-                           (quick ? "-quick" : "");
+  const std::string name =
+      std::string("ann-") + (device.is_cuda() ? "cuda" : "cpu") + (quick ? "-quick" : "");
   const Made made{(folder / (name + ".pt2")).string(), (folder / (name + ".state.pt")).string()};
   namespace fs = std::filesystem;
   if (!remake && fs::exists(made.package) && fs::exists(made.state_dict) &&
       fs::last_write_time(made.package) > fs::last_write_time(tutorial_program())) {
-    std::cout << "package: " << made.package << " (made by an earlier run; --remake makes it again)\n";
+    std::cout << "package: " << made.package
+              << " (made by an earlier run; --remake makes it again)\n";
     return made;
   }
   if (python().empty())
-    throw course::CourseError("no Python with torch " + std::string(TORCH_VERSION) + " to make the package",
-                              "run scripts/setup (the 2.11 flavour's .venv), set GPU_LESSONS_PYTHON, "
-                              "or give a package made elsewhere with --package FILE");
+    throw course::CourseError(
+        "no Python with torch " + std::string(TORCH_VERSION) + " to make the package",
+        "run scripts/setup (the 2.11 flavour's .venv), set GPU_LESSONS_PYTHON, "
+        "or give a package made elsewhere with --package FILE");
   fs::create_directories(folder);
-  std::vector<std::string> argv{python(), tutorial_program(), "--epochs", std::to_string(kPythonEpochs),
+  std::vector<std::string> argv{python(),   tutorial_program(),
+                                "--epochs", std::to_string(kPythonEpochs),
                                 "--device", device.is_cuda() ? "cuda" : "cpu",
-                                "--save", made.state_dict, "--export", made.package};
+                                "--save",   made.state_dict,
+                                "--export", made.package};
   if (quick) argv.insert(argv.end(), {"--limit", std::to_string(kQuickSamples)});
   std::cout << "package: Python makes it (training, then torch.export and AOTInductor):\n  $";
   for (const auto& a : argv) std::cout << " " << a;
   std::cout << std::endl;
   std::unique_ptr<course::ChildProcess> started;
   try {
-    started = std::make_unique<course::ChildProcess>(argv, std::vector<std::string>{"PYTHONUNBUFFERED=1"},
-                                                     /*with_stderr=*/true);
+    started =
+        std::make_unique<course::ChildProcess>(argv, std::vector<std::string>{"PYTHONUNBUFFERED=1"},
+                                               /*with_stderr=*/true);
   } catch (const std::runtime_error& e) {
-    throw course::CourseError(std::string("cannot start Python: ") + e.what(),
-                              "set GPU_LESSONS_PYTHON to a python3 with torch, or rerun scripts/setup");
+    throw course::CourseError(
+        std::string("cannot start Python: ") + e.what(),
+        "set GPU_LESSONS_PYTHON to a python3 with torch, or rerun scripts/setup");
   }
   course::ChildProcess& child = *started;
   std::vector<std::string> lines;  // its warnings too, shown only if it fails
@@ -130,7 +136,8 @@ Made make_package(const std::filesystem::path& folder, const torch::Device& devi
     for (std::size_t i = lines.size() > 15 ? lines.size() - 15 : 0; i < lines.size(); ++i)
       std::cerr << "  python> " << lines[i] << "\n";
     throw course::CourseError("Python could not make the package (" +
-                                  (status ? course::describe_status(*status) : "still running") + ")",
+                                  (status ? course::describe_status(*status) : "still running") +
+                                  ")",
                               "its last lines are above; the package needs torch 2.6 or newer with "
                               "a C++ compiler (g++), and for CUDA a GPU where it is made");
   }
@@ -189,19 +196,22 @@ class Package {
  public:
   Package(const std::string& path, const torch::Device& device) : device_(device) {
     if (!std::filesystem::is_regular_file(path))
-      throw course::CourseError("no package " + path, "give the .pt2 file that "
+      throw course::CourseError("no package " + path,
+                                "give the .pt2 file that "
                                 "torch._inductor.aoti_compile_and_package wrote (--package FILE)");
     const std::string kind = compiled_for(path);  // "cpu" or "cuda"
     if (kind.empty())
-      throw course::CourseError(path + " is not an AOTInductor package",
-                                "a package is the .pt2 (a zip) that aoti_compile_and_package writes; "
-                                "a torch.save file is lesson 10's (--state-dict)");
-    if (kind != c10::DeviceTypeName(device.type(), /*lower_case=*/true))  // its code runs only there
-      throw course::CourseError(path + " was compiled for " + kind + ", this run is on " + device.str(),
-                                kind == "cuda"
-                                    ? "run it with --device cuda on a machine with a GPU, or make a "
-                                      "package for the CPU (tutorial_program.py --device cpu --export)"
-                                    : "run it with --device cpu, or make one on the GPU's machine");
+      throw course::CourseError(
+          path + " is not an AOTInductor package",
+          "a package is the .pt2 (a zip) that aoti_compile_and_package writes; "
+          "a torch.save file is lesson 10's (--state-dict)");
+    if (kind !=
+        c10::DeviceTypeName(device.type(), /*lower_case=*/true))  // its code runs only there
+      throw course::CourseError(
+          path + " was compiled for " + kind + ", this run is on " + device.str(),
+          kind == "cuda" ? "run it with --device cuda on a machine with a GPU, or make a "
+                           "package for the CPU (tutorial_program.py --device cpu --export)"
+                         : "run it with --device cpu, or make one on the GPU's machine");
     // A package checks its input's dtype, sizes and strides only when this is set (its code reads
     // it once); without it a batch of another size can run through code made for one size.
     setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/1);
@@ -209,9 +219,10 @@ class Package {
     try {
       loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path);
     } catch (const c10::Error& e) {  // a damaged package, or code this machine cannot load
-      throw course::CourseError("cannot load " + path + ": " + e.msg().substr(0, e.msg().find('\n')),
-                                "make the package again on this machine's kind (tutorial_program.py "
-                                "--export), with the torch of this LibTorch");
+      throw course::CourseError(
+          "cannot load " + path + ": " + e.msg().substr(0, e.msg().find('\n')),
+          "make the package again on this machine's kind (tutorial_program.py "
+          "--export), with the torch of this LibTorch");
     }
     metadata_ = loader_->get_metadata();
   }
@@ -238,7 +249,8 @@ class Package {
 
   // The logits for `images` [B, 28, 28] as the tutorial's loader gives them, on the CPU.
   torch::Tensor logits(const torch::Tensor& images) {
-    return forward(images.unsqueeze(1).to(device_).contiguous()).cpu();  // ToTensor's [B, 1, 28, 28]
+    return forward(images.unsqueeze(1).to(device_).contiguous())
+        .cpu();  // ToTensor's [B, 1, 28, 28]
   }
 
   std::string metadata(const std::string& key) const {
@@ -266,8 +278,9 @@ torch::Tensor in_batches(const std::function<torch::Tensor(const torch::Tensor&)
 // Lesson 05's ANN with the weights of `state_dict_file` (lesson 10's route), on `device`, in eval.
 course::ANN eager_model(const std::string& state_dict_file, const torch::Device& device) {
   course::ANN model;
-  course::load_state_dict(*model, course::read_python_state_dict(state_dict_file), state_dict_file,
-                          "give the state_dict saved with the package (tutorial_program.py --save)");
+  course::load_state_dict(
+      *model, course::read_python_state_dict(state_dict_file), state_dict_file,
+      "give the state_dict saved with the package (tutorial_program.py --save)");
   model->to(device);
   model->eval();
   return model;
@@ -275,8 +288,8 @@ course::ANN eager_model(const std::string& state_dict_file, const torch::Device&
 
 //! [compare]
 struct Agreement {
-  double rel_diff = 0;         // max |package - eager| / max |eager| over all logits
-  std::int64_t differ = 0;     // images whose predicted class differs
+  double rel_diff = 0;           // max |package - eager| / max |eager| over all logits
+  std::int64_t differ = 0;       // images whose predicted class differs
   std::int64_t unexplained = 0;  // of those, images whose two top eager logits do not tie
 };
 
@@ -288,7 +301,8 @@ Agreement compare(const torch::Tensor& package, const torch::Tensor& eager) {
   const auto differs = std::get<1>(torch::max(package, 1)) != std::get<1>(torch::max(eager, 1));
   const auto top2 = std::get<0>(torch::topk(eager, 2, 1));
   const double scale = eager.abs().max().item<double>();
-  const auto tie = (top2.select(1, 0) - top2.select(1, 1)) <= 2 * course::tolerance_for(torch::kFloat) * scale;
+  const auto tie =
+      (top2.select(1, 0) - top2.select(1, 1)) <= 2 * course::tolerance_for(torch::kFloat) * scale;
   a.differ = differs.sum().item<std::int64_t>();
   a.unexplained = (differs & ~tie).sum().item<std::int64_t>();
   return a;
@@ -352,7 +366,8 @@ int main(int argc, char** argv) try {
   course::Verdict verdict;
   [[maybe_unused]] const auto data_folder = course::find_fashion_mnist(options.data_dir);
 #ifndef LESSON18_WITH_AOTI
-  verdict.waive("LibTorch " + std::string(TORCH_VERSION) + " has no AOTInductor; it needs 2.6 or "
+  verdict.waive("LibTorch " + std::string(TORCH_VERSION) +
+                " has no AOTInductor; it needs 2.6 or "
                 "newer: run the 2.11 flavour (GPU_LESSONS_TORCH=2.11 ./run-lessons)");
   return verdict.finish("lesson 18 on " + device.str());
 #else
@@ -362,7 +377,8 @@ int main(int argc, char** argv) try {
                              "give both, or neither (Python then makes both)");
   const auto test = course::load_fashion_mnist(data_folder, /*train=*/false);
   if (package_path.empty()) {
-    const auto folder = std::filesystem::path(course::self_executable()).parent_path().parent_path();
+    const auto folder =
+        std::filesystem::path(course::self_executable()).parent_path().parent_path();
     const Made made = make_package(folder / "packages", device, options.quick, remake);
     package_path = made.package;
     state_dict_path = made.state_dict;
@@ -394,14 +410,15 @@ int main(int argc, char** argv) try {
                   "its logits are the eager ANN's with the same weights (lesson 10's route)",
                   format("max rel diff %.2g, tolerance %.0e", a.rel_diff,
                          course::tolerance_for(torch::kFloat)));
-    verdict.check(a.unexplained == 0, "its predictions differ only where two classes tie",
-                  format("%.0f of %.0f differ, %.0f without a tie", static_cast<double>(a.differ),
-                         static_cast<double>(test.labels.size(0)),
-                         static_cast<double>(a.unexplained)));
+    verdict.check(
+        a.unexplained == 0, "its predictions differ only where two classes tie",
+        format("%.0f of %.0f differ, %.0f without a tie", static_cast<double>(a.differ),
+               static_cast<double>(test.labels.size(0)), static_cast<double>(a.unexplained)));
     time_both(package, eager, test.images, device);
   }
   if (verdict.checks() == 0)  // a package with neither Python's accuracy nor its weights
-    verdict.check(acc > 0.1, "the package classifies better than chance", format("%.4f vs 0.10", acc));
+    verdict.check(acc > 0.1, "the package classifies better than chance",
+                  format("%.4f vs 0.10", acc));
   return verdict.finish("lesson 18 on " + device.str());
 #endif
 } catch (...) {
