@@ -29,7 +29,7 @@
 
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/compare.h"  // defines: max_rel_diff, tolerance_for
-#include "common/device.h"   // defines: resolve_device, list_gpus, format_bytes
+#include "common/device.h"   // defines: resolve_device, DeviceChoice, list_gpus, why_no_cuda, ...
 #include "common/verdict.h"  // defines: Verdict, report_error
 #include "common/version.h"  // defines: GPU_LESSONS_TORCH_AT_LEAST
 

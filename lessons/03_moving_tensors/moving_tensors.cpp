@@ -29,7 +29,7 @@
 #include <iostream>
 
 #include "common/cli.h"      // defines: Cli, start_lesson
-#include "common/timing.h"   // defines: time_median, describe, looks_busy
+#include "common/timing.h"   // defines: Timing, time_median, describe_ms, timing_note
 #include "common/verdict.h"  // defines: Verdict, report_error
 
 namespace lesson03 {

@@ -28,7 +28,7 @@
 #include "common/cli.h"        // defines: Cli, start_lesson (--device, the device line)
 #include "common/dataset.h"    // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/interrupt.h"  // defines: StopOnInterrupt, stop_requested, Interrupted (Ctrl-C)
-#include "common/timing.h"     // defines: Stopwatch, summarize, describe, looks_busy
+#include "common/timing.h"     // defines: Stopwatch, Timing, summarize, describe, timing_note
 #include "common/verdict.h"    // defines: Verdict, report_error
 
 namespace lesson05 {

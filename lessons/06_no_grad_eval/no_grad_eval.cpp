@@ -6,7 +6,8 @@
 //   - model->eval() changes what layers DO (dropout stops dropping, batch norm uses its running
 //     statistics); it does not stop autograd;
 //   - torch::NoGradGuard stops autograd from recording: outputs have no grad_fn, intermediate
-//     activations are freed as soon as they are used, so peak memory drops and passes are faster;
+//     activations are freed as soon as they are used, so peak memory drops (the time, measured,
+//     moves less than the noise here);
 //   - c10::InferenceMode goes further (no version counters or view tracking), but its outputs
 //     are "inference tensors" that can never be saved for backward;
 //   - what each costs, measured: peak memory (CUDA allocator statistics, or the counting CPU
@@ -30,11 +31,11 @@
 #include <vector>
 
 #include "common/cli.h"      // defines: Cli, start_lesson (it installs the CPU memory meter)
-#include "common/data.h"     // defines: load_fashion_mnist
+#include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/device.h"   // defines: format_bytes
 #include "common/memory.h"   // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
-#include "common/timing.h"   // defines: Timing, time_median, describe, looks_busy
+#include "common/timing.h"   // defines: Timing, time_median, describe_ms, timing_note
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
 namespace lesson06 {
