@@ -127,11 +127,13 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
   // 1. Replicate: a deep copy of the model on each device, every step (last step's are stale).
   std::vector<ANN> replicas;
   for (const auto& d : devices)
+    // clone(d) returns a generic Module; dynamic_pointer_cast makes it our ANNImpl again
     replicas.emplace_back(std::dynamic_pointer_cast<ANNImpl>(model->clone(d)));
   // 2. Scatter: the batch split along dimension 0, each chunk copied to its replica's device.
   std::vector<torch::Tensor> chunks = images.chunk(n, /*dim=*/0), outputs(n);
   for (int i = 0; i < n; ++i) chunks[i] = chunks[i].to(devices[i], /*non_blocking=*/true);
   // 3. Parallel apply: one thread per replica, each with its replica's device made current.
+  // at::parallel_for(0, n, 1, f) splits 0..n among LibTorch's threads, calling f(begin, end).
   at::parallel_for(0, n, /*grain_size=*/1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
       c10::DeviceGuard on_device(devices[i]);
@@ -144,7 +146,7 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
   loss.backward();  // through every replica; their gradients summed onto the model's
   std::vector<torch::Tensor> params = model->parameters();
   for (size_t p = 0; p < params.size(); ++p) {
-    params[p].mutable_grad() = torch::zeros_like(params[p]);
+    params[p].mutable_grad() = torch::zeros_like(params[p]);  // p.grad = torch.zeros_like(p)
     for (auto& replica : replicas)
       params[p].mutable_grad() += replica->parameters()[p].grad().to(master);
   }
@@ -153,6 +155,19 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
 //! [data-parallel-step]
 
 // ---- part 2: torchrun, init_process_group, DistributedDataParallel: a process per device, c10d --
+// The words of part 2 (tutorial 001's DDP snippet):
+//   - a job is several processes, each a *rank* (0, 1, ...; rank 0 is the first) of *world_size*;
+//     the *local rank* is its number on its own machine, which picks its GPU. torchrun starts
+//     them and tells each its numbers in environment variables (RANK, WORLD_SIZE, LOCAL_RANK).
+//   - init_process_group: the ranks find each other through a *store*, a small key-value server
+//     that rank 0 runs (a TCPStore at MASTER_ADDR:MASTER_PORT: the *rendezvous*), then form a
+//     *process group*, LibTorch's c10d object that runs collectives between them over a backend:
+//     Gloo (CPU tensors, over TCP) or NCCL (GPU tensors, NVIDIA's library).
+//   - a *collective* is a call every rank makes together: *broadcast* copies rank 0's tensor into
+//     every rank's; *all-reduce* replaces every rank's tensor by the sum over the ranks.
+//   - DDP(model) = a broadcast of the parameters at the start and an all-reduce of the gradients
+//     after each backward(); LibTorch has no DDP class, so distributed_data_parallel.cpp writes
+//     those two calls. c10::intrusive_ptr<T> is how c10d hands out its objects: a shared pointer.
 
 //! [train-data-parallel]
 // Lesson 05's loop as rank `rank` of `world_size` (a group of one: one process).
@@ -265,7 +280,8 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
                                 seed, timeout);
     mine[0] = torch::nn::utils::parameters_to_vector(model->parameters()).detach();
     rank0[0] = mine[0].clone();
-    group->broadcast(rank0)->wait(timeout);  // rank 0's parameters, to compare with
+    group->broadcast(rank0)->wait(timeout);  // rank 0's parameters, to compare with (broadcast()
+                                             // starts it; wait() blocks until it is done)
   } catch (const std::exception& e) {        // a rank died (its socket closed) or stopped answering
     course::exit_lost_job(info.rank, e, verdict, "lesson 09 rank " + std::to_string(info.rank));
   }

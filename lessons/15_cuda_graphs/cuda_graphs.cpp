@@ -349,6 +349,8 @@ void run_lesson(const course::ImageSet& train, int steps, const torch::Device& d
     torch::optim::Adam adam(a->parameters(), torch::optim::AdamOptions(kLearningRate));
     DeviceAdam device_adam(b->parameters(), kLearningRate);
     const auto images = batches.images_of(0), labels = batches.labels_of(0);
+    tutorial_step(a, adam, images, labels);  // counted from the second step: the first also
+    device_adam_step(b, device_adam, images, labels);  // makes Adam's state, once
     const long long tutorial_ops =
         course::count_operators([&] { tutorial_step(a, adam, images, labels); });
     const long long device_ops =

@@ -12,8 +12,7 @@
 //   - "fused": lesson 11's "manual" form (one flat parameter tensor, the backward pass written out
 //     into the gradients' own memory) in fewer operators: linear + ReLU as one, the loss's
 //     gradient in two, results written into memory made once, LibTorch's fused Adam;
-//   - "graphed": on CUDA, the fused form's whole epoch captured in one CUDA graph and replayed
-//     once per epoch: one launch for about twenty thousand kernels.
+//   - "graphed": on CUDA, the fused epoch as one CUDA graph, replayed: one launch per epoch.
 //
 // Run:    build/bin/lesson17_fastest_epoch [--device ...] [--epochs N] [--quick] [--data-dir DIR]
 //           [--run all|tutorial|resident|fused|graphed]
@@ -223,24 +222,25 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   at::_log_softmax_out(b.log_probs, b.logits, /*dim=*/1, /*half_to_float=*/false);
   at::nll_loss_forward_out(loss_out, b.total_weight, b.log_probs, labels, /*weight=*/{},
                            at::Reduction::Mean, /*ignore_index=*/-100);  // = cross_entropy
-  // The loss's gradient times B, softmax - one_hot(labels), in two operators; the 1/B rides on
-  // the three products that read it (their alpha), not on an operator of its own.
+  // Backward written out (loss.backward()'s work): for y = h W^T + b and d = dL/dy, dW = d^T h,
+  // db = d's rows summed, dh = d W; ReLU passes d where its output > 0. The loss's d, times B (the
+  // 1/B rides on the products' alpha), is softmax - one_hot(labels), in two operators:
   // >>> lab: b.d_out = softmax - one_hot(labels), in two operators (exp_out, scatter_add_)
   at::exp_out(b.d_out, b.log_probs);
   b.d_out.scatter_add_(/*dim=*/1, labels.view({-1, 1}), b.minus_ones);
   // <<< lab
   const double inv_rows = 1.0 / static_cast<double>(rows);
-  torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
+  torch::Tensor grad;  // `grad = p.grad()` names a view into the flat gradients; the call fills it
   at::addmm_out(grad = model->out->weight.grad(), grad, b.d_out_t, b.h2, /*beta=*/0, inv_rows);
   at::addmv_out(grad = model->out->bias.grad(), grad, b.d_out_t, b.ones, /*beta=*/0, inv_rows);
   at::addmm_out(b.d_h2, b.d_h2, b.d_out, model->out->weight, /*beta=*/0, inv_rows);
   at::threshold_backward_out(b.d_h2, b.d_h2, b.h2, /*threshold=*/0);  // ReLU's backward: h2 > 0
-  torch::mm_out(grad = model->fc2->weight.grad(), b.d_h2_t, b.h1);
-  torch::sum_out(grad = model->fc2->bias.grad(), b.d_h2, /*dim=*/0);
-  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);
-  at::threshold_backward_out(b.d_h1, b.d_h1, b.h1, /*threshold=*/0);
-  torch::mm_out(grad = model->fc1->weight.grad(), b.d_h1_t, x);  // the images need no gradient
-  torch::sum_out(grad = model->fc1->bias.grad(), b.d_h1, /*dim=*/0);
+  torch::mm_out(grad = model->fc2->weight.grad(), b.d_h2_t, b.h1);    // dL/dW2 = d_h2^T h1
+  torch::sum_out(grad = model->fc2->bias.grad(), b.d_h2, /*dim=*/0);  // dL/db2
+  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);                   // dL/dh1 = d_h2 W2
+  at::threshold_backward_out(b.d_h1, b.d_h1, b.h1, /*threshold=*/0);  // h1 > 0
+  torch::mm_out(grad = model->fc1->weight.grad(), b.d_h1_t, x);  // dL/dW1 = d_h1^T x (x: none)
+  torch::sum_out(grad = model->fc1->bias.grad(), b.d_h1, /*dim=*/0);  // dL/db1
   if (!has_fused_adam(x.device())) {
     trainer.optimizer->step();  // LibTorch's Adam over the one flat tensor
     return;
