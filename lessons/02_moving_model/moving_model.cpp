@@ -99,13 +99,14 @@ struct Placement {
   torch::Dtype dtype = torch::kFloat;
   std::int64_t bytes = 0;
   torch::Tensor tensor;           ///< a handle to the tensor object itself
-  const void* storage = nullptr;  ///< data_ptr(): the address of its numbers, at the time
+  const void* storage = nullptr;  ///< data_ptr(): the address of its numbers (only compared)
 };
 
 /// Every parameter and buffer of `model`, in registration order.
 std::vector<Placement> inventory(const torch::nn::Module& model) {
   std::vector<Placement> rows;
   auto add = [&rows](const std::string& name, const torch::Tensor& t, bool is_buffer) {
+    // {...}: a Placement, its fields in the order declared above
     rows.push_back({name, is_buffer, t.device(), t.scalar_type(),
                     static_cast<std::int64_t>(t.numel() * t.element_size()), t, t.data_ptr()});
   };

@@ -133,7 +133,7 @@ struct Attempt {
   torch::Tensor output;  ///< defined when it ran
 };
 
-namespace {  // attempt() is this file's own helper: no other file can call it
+namespace {  // attempt() and attempt_forward(): this file's own helpers, no other file calls them
 //! [attempt]
 /// Runs `run` (any callable returning a tensor, e.g. a lambda `[&] { return ...; }`, Python's
 /// `lambda: ...`), catching the error it throws as Python's `except RuntimeError as e` would.
@@ -149,7 +149,8 @@ Attempt attempt(Run&& run) {
   return result;
 }
 //! [attempt]
-Attempt attempt(Classifier& model, const torch::Tensor& batch) {
+// The model's forward pass on `batch`, as an attempt.
+Attempt attempt_forward(Classifier& model, const torch::Tensor& batch) {
   return attempt([&] { return model->forward(batch); });
 }
 }  // namespace
@@ -158,7 +159,7 @@ Attempt attempt(Classifier& model, const torch::Tensor& batch) {
 //! [mistake]
 Attempt feed_cpu_batch(Classifier& model) {
   const torch::Tensor batch = torch::randn({kBatch, kFeatures});  // on the CPU
-  return attempt(model, batch);  // the model is elsewhere: this throws
+  return attempt_forward(model, batch);  // the model is elsewhere: this throws
 }
 //! [mistake]
 
@@ -167,8 +168,8 @@ Attempt feed_cpu_batch(Classifier& model) {
 Attempt feed_moved_batch(Classifier& model) {
   const torch::Tensor batch = torch::randn({kBatch, kFeatures});
   // Move the batch to where the model's parameters are. In a training loop: once per batch.
-  // >>> lab: feed `batch` to the model where the model is (return attempt(model, ...))
-  return attempt(model, batch.to(device_of(model)));
+  // >>> lab: feed `batch` to the model where the model is (return attempt_forward(model, ...))
+  return attempt_forward(model, batch.to(device_of(model)));
   // <<< lab
 }
 //! [fix]
@@ -181,14 +182,14 @@ Attempt feed_moved_batch(Classifier& model) {
 // Mistake 1: the model left on the host. The batch went to the device, the model did not.
 Attempt model_left_on_host(const torch::Device& device) {
   Classifier model = make_model(torch::kCPU);  // Python: model = ANN(), and no model.to(device)
-  return attempt(model, torch::randn({kBatch, kFeatures}).to(device));
+  return attempt_forward(model, torch::randn({kBatch, kFeatures}).to(device));
 }
 
 // The fix: the model on the device too, once, right after it is built (model.to(device)).
 Attempt model_moved(const torch::Device& device) {
   // >>> lab: build the model on `device` (make_model), then feed it the batch there
   Classifier model = make_model(device);
-  return attempt(model, torch::randn({kBatch, kFeatures}).to(device));
+  return attempt_forward(model, torch::randn({kBatch, kFeatures}).to(device));
   // <<< lab
 }
 //! [mistake-model]
