@@ -143,7 +143,8 @@ torch::Tensor data_parallel_step(ANN& model, const torch::Tensor& images,
   // 4. Gather onto the model's device, in order (backward() takes each chunk back to its replica).
   for (auto& out : outputs) out = out.to(master);
   torch::Tensor loss = torch::nn::functional::cross_entropy(torch::cat(outputs), labels.to(master));
-  loss.backward();  // through every replica; their gradients summed onto the model's
+  loss.backward();  // through every replica, into each replica's own parameters' .grad()
+  // 5. The replicas' gradients summed onto the model's own (the clones share no memory with it).
   std::vector<torch::Tensor> params = model->parameters();
   for (size_t p = 0; p < params.size(); ++p) {
     params[p].mutable_grad() = torch::zeros_like(params[p]);  // p.grad = torch.zeros_like(p)
@@ -283,6 +284,7 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
     group->broadcast(rank0)->wait(timeout);  // rank 0's parameters, to compare with (broadcast()
                                              // starts it; wait() blocks until it is done)
   } catch (const std::exception& e) {        // a rank died (its socket closed) or stopped answering
+    // never returns: prints what happened and ends this process with the verdict's exit code
     course::exit_lost_job(info.rank, e, verdict, "lesson 09 rank " + std::to_string(info.rank));
   }
   course::shutdown_group(*group);  // the last collective is done: end the group in order
