@@ -2,8 +2,7 @@
 //
 // You will learn:
 //   - the tutorial's tips, line for line: a large tensor deleted (in C++: its last handle let go),
-//     torch.cuda.empty_cache(), nvidia-smi to watch it (--watch), and the memory read before and
-//     after each (torch.cuda.memory_allocated(): not in the tutorial, but how to see its effect);
+//     torch.cuda.empty_cache(), nvidia-smi to watch it (--watch), each seen in the memory it moves;
 //   - to read allocated memory (held by live tensors) and reserved (held by the allocator: on
 //     CUDA, allocated plus its cache), their peaks and the allocations, with the caching
 //     allocator's own API (torch.cuda.memory_allocated() is CUDACachingAllocator::getDeviceStats);

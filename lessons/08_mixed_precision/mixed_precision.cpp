@@ -12,8 +12,7 @@
 //   - fp16 (CUDA's) has a narrow range: the scaler multiplies the loss so that small gradients
 //     survive, divides them back, skips steps that overflowed and adapts its factor. bf16 (the
 //     CPU's) has fp32's range: there the scaler is built disabled, as GradScaler(enabled=False);
-//   - a GPU's tensor cores can run 16-bit matmuls faster, a CPU may not; whether a step of this
-//     small model gains from it is what the lesson measures.
+//   - a GPU's tensor cores can run 16-bit matmuls faster; whether this small model gains, measured.
 // LibTorch has neither torch.autocast nor GradScaler: autocast.h and grad_scaler.h (this folder)
 // are thin C++ versions of Python's, and their headers name every LibTorch call they make.
 //

@@ -34,11 +34,12 @@
 #include <string>
 #include <vector>
 
-#include "common/ann.h"              // defines: ANN (lesson 05's), test_accuracy
+#include "common/ann.h"              // defines: ANN (lesson 05's)
 #include "common/child_process.h"    // defines: ChildProcess, describe_status, self_executable
 #include "common/cli.h"              // defines: Cli, start_lesson
 #include "common/compare.h"          // defines: max_rel_diff, tolerance_for
 #include "common/data.h"             // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/report.h"           // defines: format (printf into a std::string)
 #include "common/timing.h"           // defines: time_median, describe, timing_note
 #include "common/verdict.h"          // defines: Verdict, CourseError, report_error
 #include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
@@ -314,12 +315,6 @@ double accuracy(const torch::Tensor& logits, const torch::Tensor& labels) {
          static_cast<double>(labels.size(0));
 }
 
-std::string format(const char* pattern, double a, double b = 0, double c = 0) {
-  char text[160];
-  std::snprintf(text, sizeof text, pattern, a, b, c);
-  return text;
-}
-
 // ---- the timings --------------------------------------------------------------------------------
 //! [time]
 // One call of the package against one forward() of the eager model on the same batch, for a
@@ -398,7 +393,7 @@ int main(int argc, char** argv) try {
     const double p = std::stod(python_said);  // printed to 4 decimals; one image is 0.0001
     verdict.check(std::abs(acc - p) <= 0.5e-4 + 1.0 / static_cast<double>(test.labels.size(0)),
                   "the package's test accuracy is the one Python printed",
-                  format("%.4f vs Python's %.4f", acc, p));
+                  course::format("%.4f vs Python's %.4f", acc, p));
   }
   if (!state_dict_path.empty()) {
     auto eager = eager_model(state_dict_path, device);
@@ -408,17 +403,18 @@ int main(int argc, char** argv) try {
     const Agreement a = compare(logits, eager_logits);
     verdict.check(a.rel_diff <= course::tolerance_for(torch::kFloat),
                   "its logits are the eager ANN's with the same weights (lesson 10's route)",
-                  format("max rel diff %.2g, tolerance %.0e", a.rel_diff,
-                         course::tolerance_for(torch::kFloat)));
+                  course::format("max rel diff %.2g, tolerance %.0e", a.rel_diff,
+                                 course::tolerance_for(torch::kFloat)));
     verdict.check(
         a.unexplained == 0, "its predictions differ only where two classes tie",
-        format("%.0f of %.0f differ, %.0f without a tie", static_cast<double>(a.differ),
-               static_cast<double>(test.labels.size(0)), static_cast<double>(a.unexplained)));
+        course::format("%lld of %lld differ, %lld without a tie", static_cast<long long>(a.differ),
+                       static_cast<long long>(test.labels.size(0)),
+                       static_cast<long long>(a.unexplained)));
     time_both(package, eager, test.images, device);
   }
   if (verdict.checks() == 0)  // a package with neither Python's accuracy nor its weights
     verdict.check(acc > 0.1, "the package classifies better than chance",
-                  format("%.4f vs 0.10", acc));
+                  course::format("%.4f vs 0.10", acc));
   return verdict.finish("lesson 18 on " + device.str());
 #endif
 } catch (...) {
