@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "bench.h"
-#include "common/memory.h"
+#include "memory/memory.h"
 // Lessons 12 and 13 are one file each with its own main(); the benchmark includes them for their
 // functions.
 #define GPU_LESSONS_NO_MAIN

@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "bench.h"
-#include "common/memory.h"
+#include "memory/memory.h"
 // Lesson 07 is one file with its own main(): its functions, without the main.
 #define GPU_LESSONS_NO_MAIN
 #include "memory_management.cpp"

@@ -17,9 +17,6 @@ extern char** environ;
 
 namespace course {
 
-ChildProcess::ChildProcess(const std::vector<std::string>& argv)
-    : ChildProcess(argv, {}, /*with_stderr=*/false) {}
-
 ChildProcess::ChildProcess(const std::vector<std::string>& argv,
                            const std::vector<std::string>& environment, bool with_stderr) {
   if (argv.empty()) throw std::runtime_error("ChildProcess: no program to start");
@@ -120,7 +117,8 @@ std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     const char* name = sigabbrev_np(WTERMSIG(status));
-    return "killed by " + (name != nullptr ? "SIG" + std::string(name) : "signal " + std::to_string(WTERMSIG(status)));
+    return "killed by " + (name != nullptr ? "SIG" + std::string(name)
+                                           : "signal " + std::to_string(WTERMSIG(status)));
   }
   return "status " + std::to_string(status);
 }

@@ -15,14 +15,12 @@ namespace course {
 /// A program running beside this one, its standard output piped back here.
 class ChildProcess {
  public:
-  /// Starts `argv[0]` with the arguments `argv` and this process's environment (posix_spawn).
-  /// Throws std::runtime_error, naming the program, when it cannot start.
-  explicit ChildProcess(const std::vector<std::string>& argv);
-  /// The same, with `environment` ("NAME=value" each) added to this process's environment (each
-  /// replacing a variable of that name), and the child's standard error sent into the same pipe
-  /// as its output when `with_stderr`.
-  ChildProcess(const std::vector<std::string>& argv, const std::vector<std::string>& environment,
-               bool with_stderr);
+  /// Starts `argv[0]` with the arguments `argv` (posix_spawn), in this process's environment plus
+  /// `environment` ("NAME=value" each, replacing a variable of that name), its standard error
+  /// sent into the pipe of its output too when `with_stderr`. Throws std::runtime_error, naming
+  /// the program, when it cannot start.
+  explicit ChildProcess(const std::vector<std::string>& argv,
+                        const std::vector<std::string>& environment = {}, bool with_stderr = false);
   /// Kills the child if it still runs, and waits for it: no zombie is left.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;

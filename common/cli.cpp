@@ -13,7 +13,6 @@
 #include <CLI/CLI.hpp>      // defines: CLI::App
 
 #include "common/device.h"
-#include "common/memory.h"
 #include "common/verdict.h"
 
 namespace course {
@@ -156,8 +155,6 @@ c10::Device start(const CommonOptions& options, const DeviceChoice& choice) {
   // measures it). So --threads is held to the cores, and says so.
   const int cores = available_cores();
   at::set_num_threads(options.threads > 0 ? std::min(options.threads, cores) : cores);
-  // Count CPU allocations from here on, so lessons can report CPU memory like CUDA memory.
-  install_counting_cpu_allocator();
   std::cout << "Device: " << describe(choice.device) << std::endl;
   if (!choice.fallback.empty()) {
     std::cout << "  note: --device " << choice.requested << " runs on the CPU: " << choice.fallback

@@ -70,10 +70,9 @@ int cpu_quota_cores(const std::string& cgroup_root = "/sys/fs/cgroup",
 /// CPU quota.
 int available_cores();
 
-/// Sets LibTorch's CPU thread count for a scope and puts the previous one back at its end;
-/// `threads` <= 0 leaves it alone. One thread makes CPU arithmetic reproducible from run to run:
-/// a multi-threaded BLAS (MKL, in PyTorch's own LibTorch) may split a matrix product's sums
-/// between its threads differently each run, and the last bits of the result follow.
+/// Sets LibTorch's CPU thread count for a scope, the previous one back at its end (`threads` <= 0:
+/// left alone). One thread makes CPU arithmetic repeat bit for bit: a multi-threaded BLAS (MKL, in
+/// PyTorch's LibTorch) may split a product's sums between threads differently on each run.
 class CpuThreads {
  public:
   explicit CpuThreads(int threads);

@@ -163,11 +163,4 @@ ImageSet take(const ImageSet& data, std::int64_t n) {
   return {data.images.slice(0, 0, n), data.labels.slice(0, 0, n)};
 }
 
-const char* fashion_mnist_class(std::int64_t label) {
-  static const std::array<const char*, 10> kNames = {
-      "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-      "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
-  return label >= 0 && label < 10 ? kNames[static_cast<size_t>(label)] : "?";
-}
-
 }  // namespace course

@@ -42,7 +42,4 @@ ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train);
 /// The first `n` samples of `data` (all of it when n >= its size), as views: nothing is copied.
 ImageSet take(const ImageSet& data, std::int64_t n);
 
-/// The ten Fashion-MNIST class names, by label.
-const char* fashion_mnist_class(std::int64_t label);
-
 }  // namespace course

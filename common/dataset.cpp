@@ -7,9 +7,7 @@ namespace course {
 
 FashionMNIST::FashionMNIST(const std::string& data_dir, bool train, std::int64_t limit)
     : set_(load_fashion_mnist(find_fashion_mnist(data_dir), train)) {
-  if (limit >= 0 && limit < set_.labels.size(0)) {
-    set_ = {set_.images.slice(0, 0, limit), set_.labels.slice(0, 0, limit)};
-  }
+  if (limit >= 0) set_ = take(set_, limit);
 }
 
 FashionMNIST::FashionMNIST(ImageSet set) : set_(std::move(set)) {}

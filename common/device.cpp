@@ -129,14 +129,6 @@ std::string format_bytes(double bytes) {
   return text;
 }
 
-std::string device_identity(const c10::Device& device) {
-  if (!device.is_cuda()) return "cpu";
-  for (const auto& gpu : list_gpus()) {
-    if (gpu.index == device.index()) return device.str() + " " + gpu.uuid;
-  }
-  return device.str();
-}
-
 std::string describe(const c10::Device& device) {
   if (device.is_cpu()) {
     const int threads = at::get_num_threads();

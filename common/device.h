@@ -1,6 +1,5 @@
 // device.h defines: device choice from a --device string, a one-line description of a device,
-// the list of CUDA GPUs with their properties, a device's name across processes, and
-// synchronize() for honest timing.
+// the list of CUDA GPUs with their properties, and synchronize() for honest timing.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +46,6 @@ DeviceChoice resolve_device(const std::string& spec);
 
 /// Properties of every CUDA GPU (empty without CUDA).
 std::vector<GpuInfo> list_gpus();
-
-/// What names a device across processes: "cpu", or "cuda:N GPU-<uuid>" (the UUID is the same in
-/// every process, while N depends on each one's CUDA_VISIBLE_DEVICES).
-std::string device_identity(const c10::Device& device);
 
 /// "cpu (2 threads)" or "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB)".
 std::string describe(const c10::Device& device);

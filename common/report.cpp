@@ -1,7 +1,5 @@
 #include "common/report.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -23,24 +21,6 @@ std::string format(const char* fmt, ...) {
   if (size > 0) std::vsnprintf(text.data(), text.size() + 1, fmt, again);
   va_end(again);
   return text;
-}
-
-bool stdout_is_terminal() { return isatty(STDOUT_FILENO) != 0; }
-
-ProgressLine::ProgressLine(std::int64_t total, bool enabled, std::int64_t every)
-    : total_(total), every_(every > 0 ? every : 1), enabled_(enabled) {}
-
-ProgressLine::~ProgressLine() {
-  if (!enabled_) return;
-  std::printf("\r%40s\r", "");
-  std::fflush(stdout);
-}
-
-void ProgressLine::update(std::int64_t done) {
-  if (!enabled_ || ++updates_ % every_ != 0) return;
-  std::printf("\r  %6lld/%lld samples", static_cast<long long>(done),
-              static_cast<long long>(total_));
-  std::fflush(stdout);
 }
 
 void report_epoch(const std::string& name, int e, int epochs, const EpochStats& stats,

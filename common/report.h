@@ -1,5 +1,5 @@
 // report.h defines: what a lesson prints around its figures without teaching it: printf into a
-// std::string, a progress line for a terminal, a training epoch's figures and its line (or the
+// std::string, a training epoch's figures and its line (or the
 // Ctrl-C stop it ended in), a run of epochs that Ctrl-C stops, how far apart two runs' losses
 // are, and a table of timed runs (each run's speed against the run before it, and a note when
 // the timings say the machine was busy).
@@ -16,26 +16,6 @@ namespace course {
 
 /// printf's formatting, into a std::string.
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/// True when standard output is a terminal (not a file or a pipe).
-bool stdout_is_terminal();
-
-/// "  done/total samples" on one line of a terminal, rewritten in place (a carriage return) at
-/// every `every`-th update(); cleared when the ProgressLine goes. Prints nothing unless `enabled`:
-/// by default, only on a terminal (a file or a pipe gets no progress lines).
-class ProgressLine {
- public:
-  explicit ProgressLine(std::int64_t total, bool enabled = stdout_is_terminal(),
-                        std::int64_t every = 100);
-  ~ProgressLine();
-  ProgressLine(const ProgressLine&) = delete;
-  ProgressLine& operator=(const ProgressLine&) = delete;
-  void update(std::int64_t done);
-
- private:
-  std::int64_t total_, every_, updates_ = 0;
-  bool enabled_;
-};
 
 /// What one training epoch did.
 struct EpochStats {
@@ -74,9 +54,8 @@ struct TimedRun {
 
 /// Prints a header (run, `time` + ": median (fastest-slowest)", `rate`, `figure`), then a row per
 /// run: its name, describe(timing, "s") (describe_ms when `time` starts with "ms/"), items per
-/// second and the figure (4 decimals); the
-/// busy_note() when a timing looks_busy(); then each run's speed against the run before it
-/// ("b is 1.50x the speed of a on cpu", with `where` = "cpu"). Returns the rows as printed.
+/// second and the figure (4 decimals); timing_note(); then each run's speed against the run
+/// before it ("b is 1.50x the speed of a on cpu", `where` = "cpu"). Returns the rows as printed.
 std::string print_timed_runs(const std::vector<TimedRun>& runs, const std::string& time,
                              const std::string& rate, const std::string& figure,
                              const std::string& where);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "common/child_process.h"  // defines: ChildProcess
+#include "common/device.h"         // defines: list_gpus
 #include "common/verdict.h"        // defines: UsageError, Verdict, print_error, error_message
 
 namespace course {
@@ -68,6 +69,14 @@ std::vector<std::string> rank_environment(int rank, int world_size, int port) {
           "LOCAL_WORLD_SIZE=" + w,
           "RANK=" + r,
           "LOCAL_RANK=" + r};
+}
+
+std::string device_identity(const c10::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  for (const auto& gpu : list_gpus()) {
+    if (gpu.index == device.index()) return device.str() + " " + gpu.uuid;
+  }
+  return device.str();
 }
 
 int free_tcp_port() {

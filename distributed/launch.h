@@ -1,10 +1,13 @@
 // launch.h defines: RankInfo and rank_from_environment(), where this process stands in a
 // distributed job as PyTorch's launcher (torchrun) tells every process it starts;
-// rank_environment(), the same variables for a rank started without the launcher; free_tcp_port(),
+// rank_environment(), the same variables for a rank started without the launcher;
+// device_identity(), a rank's device as every rank names it; free_tcp_port(),
 // a port on this host for a job's rendezvous; join_error(), join_job() and exit_lost_job(), what a
 // rank says when it cannot join its job or loses it; and run_local_job(), torchrun in miniature for
 // tests of failures: the ranks of a job started on this host, one of them stopped or killed.
 #pragma once
+
+#include <c10/core/Device.h>  // defines: c10::Device
 
 #include <chrono>
 #include <exception>
@@ -36,6 +39,10 @@ std::optional<RankInfo> rank_from_environment();
 /// rendezvous is at 127.0.0.1:`port`: "NAME=value" each, for a program that starts ranks itself
 /// (rank_from_environment() reads them back).
 std::vector<std::string> rank_environment(int rank, int world_size, int port);
+
+/// What names a rank's device across the job's processes: "cpu", or "cuda:N GPU-<uuid>" (the
+/// UUID is the same in every process, while N depends on each one's CUDA_VISIBLE_DEVICES).
+std::string device_identity(const c10::Device& device);
 
 /// A TCP port on the loopback interface that nobody listens on right now (a rendezvous for ranks
 /// started on this host; another program may still take it before they do).

@@ -9,7 +9,7 @@
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "common/memory.h"
+#include "memory/memory.h"
 #include "smi_view.h"
 #include "training_state.h"
 #include "cuda_test.h"

@@ -94,6 +94,27 @@ TEST(Tutorial002, SlicesMovedOneByOneHoldTheResidentSlices) {
   expect_tutorial_002_slices(torch::kCPU);
 }
 
+// Tests that a progress line prints every `every` updates when enabled, clears itself at the end,
+// and prints nothing when disabled (as off a terminal).
+TEST(ProgressLine, EveryNthUpdateOnlyOnATerminal) {
+  testing::internal::CaptureStdout();
+  {
+    lesson11::ProgressLine line(/*total=*/600, /*enabled=*/true, /*every=*/2);
+    for (int done = 100; done <= 600; done += 100) line.update(done);
+  }
+  const std::string shown = testing::internal::GetCapturedStdout();
+  EXPECT_NE(shown.find("\r     200/600 samples"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("\r     600/600 samples"), std::string::npos) << shown;
+  EXPECT_EQ(shown.find("100/600"), std::string::npos) << shown;
+  EXPECT_EQ(shown.back(), '\r') << "cleared at the end";
+  testing::internal::CaptureStdout();
+  {
+    lesson11::ProgressLine line(600, /*enabled=*/false);
+    for (int done = 0; done < 1000; ++done) line.update(done);
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+}
+
 // Tests that an unknown loader or run name is a usage error.
 TEST(Loaders, UnknownNameIsUsageError) {
   EXPECT_THROW(lesson11::Loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);

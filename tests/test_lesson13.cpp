@@ -6,7 +6,7 @@
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "activation_checkpointing.cpp"
-#include "common/memory.h"
+#include "memory/memory.h"
 #include "cuda_test.h"
 
 namespace {

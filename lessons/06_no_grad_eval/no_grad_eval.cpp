@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "common/cli.h"      // defines: Cli, start_lesson (it installs the CPU memory meter)
+#include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/device.h"   // defines: format_bytes
-#include "common/memory.h"   // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
+#include "memory/memory.h"   // defines: memory_stats, reset_peak_memory, install_counting_cpu_allocator
 #include "common/timing.h"   // defines: Timing, time_median, describe_ms, timing_note
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
@@ -157,8 +157,8 @@ struct PassFacts {
   course::Timing time;          ///< time of a pass: median, fastest and slowest of the runs
 };
 
-/// Runs the pass in eval mode after one warm-up batch, measuring peak memory with common/'s
-/// meter (on the CPU, the counting allocator start_lesson installs) and time.
+/// Runs the pass in eval mode after one warm-up batch, measuring peak memory with the course's
+/// meter (memory/memory.h: on the CPU, the counting allocator main installs) and time.
 PassFacts measure_pass(ANN& model, const torch::Tensor& x, Mode mode, const torch::Device& device,
                        int timed_runs = kTimedRuns) {
   model->eval();
@@ -273,6 +273,7 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
   device = course::start_lesson(options, device);  // --device may override it; printed first
+  course::install_counting_cpu_allocator();  // the CPU's memory meter, counted from here on
   course::Verdict verdict;
 
   course::ImageSet test =

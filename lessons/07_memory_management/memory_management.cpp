@@ -32,7 +32,7 @@
 
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/device.h"   // defines: format_bytes
-#include "common/memory.h"   // defines: MemoryStats, the CPU's budget
+#include "memory/memory.h"   // defines: MemoryStats, the CPU's meter and budget
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 #include "smi_view.h"        // defines: smi_view (nvidia-smi's view, from NVML), mem_get_info
 #include "training_state.h"  // defines: training_state_bytes
@@ -104,7 +104,7 @@ TORCH_MODULE(Net);
 
 // ---- 3. Reading the allocator ------------------------------------------------------------------
 /// The memory of `device`: on CUDA the caching allocator's statistics, read with its own API; on
-/// the CPU the course's counting allocator (common/memory.h), which LibTorch does not have.
+/// the CPU the course's counting allocator (memory/memory.h), which LibTorch does not have.
 //! [read-memory]
 course::MemoryStats read_memory(const torch::Device& device) {
 #ifdef GPU_LESSONS_WITH_CUDA
@@ -340,8 +340,8 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
   device = course::start_lesson(options, device);  // --device may override it; printed first
+  course::install_counting_cpu_allocator();  // the CPU's memory meter, counted from here on
   course::Verdict verdict;
-
   torch::manual_seed(options.seed);
   Net model;
   model->to(device);  // on CUDA, the first tensor there also starts the caching allocator

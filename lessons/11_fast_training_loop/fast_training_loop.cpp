@@ -18,6 +18,7 @@
 //         (exactly, on the CPU), flat and resident, manual and flat (kFlatTolerance). Exit 0 PASS,
 //         1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out, torch::mm_out
+#include <unistd.h>       // defines: isatty (the progress line only on a terminal)
 
 #include <cstdio>
 #include <functional>
@@ -31,7 +32,7 @@
 #include "common/device.h"   // defines: why_no_cuda
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
-#include "common/report.h"   // defines: EpochStats, run_epochs, ProgressLine, print_timed_runs
+#include "common/report.h"   // defines: EpochStats, run_epochs, print_timed_runs
 #include "common/timing.h"   // defines: Stopwatch, count_operators
 #include "common/verdict.h"  // defines: Verdict, report_error
 
@@ -186,6 +187,29 @@ class Loader {
 };
 //! [loader]
 
+// "  done/total samples" on one line of a terminal, rewritten in place (a carriage return) every
+// `every`-th update() and cleared at the end; nothing when standard output is a file or a pipe.
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::int64_t total, bool enabled = isatty(STDOUT_FILENO) != 0,
+                        std::int64_t every = 100)
+      : total_(total), every_(every), enabled_(enabled) {}
+  ~ProgressLine() {
+    if (enabled_) std::printf("\r%40s\r", "");
+    std::fflush(stdout);
+  }
+  void update(std::int64_t done) {
+    if (!enabled_ || ++updates_ % every_ != 0) return;
+    std::printf("\r  %6lld/%lld samples", static_cast<long long>(done),
+                static_cast<long long>(total_));
+    std::fflush(stdout);
+  }
+
+ private:
+  std::int64_t total_, every_, updates_ = 0;
+  bool enabled_;
+};
+
 //! [epoch]
 // The tutorial's step, unchanged, on a batch the loader put on the device; its loss stays there.
 torch::Tensor tutorial_step(Trainer& trainer, const Batch& batch) {
@@ -209,7 +233,7 @@ template <typename Step>
 EpochStats run_epoch(Loader& loader, const torch::Device& device, Step&& step) {
   Batch batch;
   course::Stopwatch watch(device);
-  course::ProgressLine line(loader.size());  // every 100 steps, on a terminal
+  ProgressLine line(loader.size());  // every 100 steps, on a terminal
   torch::Tensor loss_sum = torch::zeros({}, torch::dtype(torch::kDouble).device(device));
   std::int64_t steps = 0, seen = 0;
   loader.start_epoch();

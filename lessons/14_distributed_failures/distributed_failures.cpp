@@ -41,11 +41,11 @@
 #include "common/cli.h"            // defines: Cli, start_lesson, available_cores
 #include "common/compare.h"        // defines: relative_diff, tolerance_for, checksum
 #include "common/data.h"           // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
-#include "common/device.h"         // defines: cuda_device_count, device_identity
+#include "common/device.h"         // defines: cuda_device_count
 #include "common/timing.h"         // defines: Stopwatch (lesson 09's epoch time)
 #include "common/verdict.h"        // defines: Verdict, CourseError, UsageError, report_error
 #include "distributed/c10d.h"      // defines: CommGroup, abort_group, shutdown_group
-#include "distributed/launch.h"    // defines: RankInfo, rank_from_environment, exit_lost_job
+#include "distributed/launch.h"    // defines: RankInfo, device_identity, exit_lost_job
 #include "distributed/sampler.h"   // defines: epoch_order, shard_indices (lesson 09's shards)
 
 namespace lesson14 {

@@ -63,16 +63,6 @@ TEST(Describe, CpuNamesThreads) {
   EXPECT_EQ(course::describe(c10::Device(c10::kCPU)).rfind("cpu (", 0), 0u);
 }
 
-// Tests that a device's name across processes is "cpu" on the CPU, and on a GPU its index and
-// UUID, which every process sees alike (what lesson 14's ranks compare).
-TEST(DeviceIdentity, CpuOrIndexAndUuid) {
-  EXPECT_EQ(course::device_identity(c10::Device(c10::kCPU)), "cpu");
-  if (course::cuda_device_count() > 0) {
-    const std::string gpu = course::device_identity(c10::Device(c10::kCUDA, 0));
-    EXPECT_EQ(gpu.rfind("cuda:0 GPU-", 0), 0u) << gpu;
-  }
-}
-
 // Tests start_lesson with the lesson's own device: --device auto keeps it (a GPU as cuda:0) and
 // prints it first; another --device overrides it, a bad one is a usage error.
 TEST(StartLesson, AutoKeepsTheLessonsChoiceAndDeviceOverridesIt) {

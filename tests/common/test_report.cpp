@@ -25,27 +25,6 @@ TEST(Report, Format) {
   EXPECT_EQ(course::format("%s", ""), "");
 }
 
-// Tests that a progress line prints every `every` updates when enabled, clears itself at the end,
-// and prints nothing when disabled (as off a terminal).
-TEST(Report, ProgressLine) {
-  testing::internal::CaptureStdout();
-  {
-    course::ProgressLine line(/*total=*/600, /*enabled=*/true, /*every=*/2);
-    for (int done = 100; done <= 600; done += 100) line.update(done);
-  }
-  const std::string shown = testing::internal::GetCapturedStdout();
-  EXPECT_TRUE(contains(shown, "\r     200/600 samples")) << shown;
-  EXPECT_TRUE(contains(shown, "\r     600/600 samples")) << shown;
-  EXPECT_FALSE(contains(shown, "100/600")) << shown;
-  EXPECT_EQ(shown.back(), '\r') << "cleared at the end";
-  testing::internal::CaptureStdout();
-  {
-    course::ProgressLine line(600, /*enabled=*/false);
-    for (int done = 0; done < 1000; ++done) line.update(done);
-  }
-  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
-}
-
 // Tests an epoch's line, and that an interrupted epoch is an Interrupted that says how far it got.
 TEST(Report, EpochLineOrStop) {
   course::EpochStats stats{/*mean_loss=*/0.5, /*seconds=*/2.0, /*samples=*/1000, false};

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "common/child_process.h"
+#include "common/device.h"
 #include "common/verdict.h"
 #include "distributed/launch.h"
 // Sets an environment variable for one test and restores it after.
@@ -181,4 +182,14 @@ TEST(Launch, FreePortCanBeBound) {
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << port;
   close(fd);
+}
+
+// Tests that a device's name across processes is "cpu" on the CPU, and on a GPU its index and
+// UUID, which every process sees alike (what lesson 14's ranks compare).
+TEST(DeviceIdentity, CpuOrIndexAndUuid) {
+  EXPECT_EQ(course::device_identity(c10::Device(c10::kCPU)), "cpu");
+  if (course::cuda_device_count() > 0) {
+    const std::string gpu = course::device_identity(c10::Device(c10::kCUDA, 0));
+    EXPECT_EQ(gpu.rfind("cuda:0 GPU-", 0), 0u) << gpu;
+  }
 }

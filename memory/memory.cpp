@@ -1,5 +1,5 @@
 // memory.cpp: memory statistics. The CUDA caching allocator's API is used only in CUDA builds.
-#include "common/memory.h"
+#include "memory/memory.h"
 
 #include <atomic>
 #include <cstdlib>

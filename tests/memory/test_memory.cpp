@@ -1,4 +1,4 @@
-// Tests of common/memory.h: memory metering: CPU storage, a CPU budget, the CUDA caching allocator.
+// Tests of memory/memory.h: memory metering: CPU storage, a CPU budget, the CUDA caching allocator.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -7,7 +7,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: emptyCache
 #endif
 
-#include "common/memory.h"
+#include "memory/memory.h"
 #include "cuda_test.h"
 // Tests that the counting allocator sees a tensor's bytes come and go, and its peak.
 TEST(CpuMemory, CountsTensorStorage) {
