@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
@@ -17,6 +18,32 @@
 
 namespace course {
 
+namespace {
+// CLI11 prints an option's name and type in a 30-column field, then its help on the same line,
+// however long; a line break in the help continues under that column. So a validator's own words
+// ("INT:INT in [0 - 1024]") would push the help onto a line of its own: the range goes into the
+// help instead, and help past 100 columns is folded at a word (as is the program's description).
+constexpr std::size_t kHelpColumn = 30, kHelpWidth = 100 - kHelpColumn;
+std::string folded(const std::string& help, std::size_t width = kHelpWidth) {
+  std::string text, line, word;
+  std::istringstream words(help);
+  while (words >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      text += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return text + line;
+}
+template <typename T>
+std::string with_range(const std::string& help, T min, T max) {
+  std::ostringstream text;
+  text << help << " [" << min << "-" << max << "]";
+  return folded(text.str());
+}
+}  // namespace
+
 struct Cli::Impl {
   CLI::App app;
   CommonOptions& options;
@@ -25,14 +52,14 @@ struct Cli::Impl {
 };
 
 Cli::Cli(const std::string& program, const std::string& description, CommonOptions& options)
-    : impl_(std::make_unique<Impl>(description, program, options)) {
+    : impl_(std::make_unique<Impl>(folded(description, 100), program, options)) {
   auto& app = impl_->app;
   app.add_option("--device", options.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--seed", options.seed, "random seed")->capture_default_str();
   app.add_flag("--quick", options.quick, "a few seconds of work (smoke tests)");
   app.add_option("--threads", options.threads,
-                 "CPU threads for LibTorch (0 = all cores; at most the cores)")
-      ->check(CLI::Range(0, 1024))
+                 with_range("CPU threads for LibTorch (0 = all cores; at most the cores)", 0, 1024))
+      ->check(CLI::Range(0, 1024).description(""))
       ->capture_default_str();
 }
 
@@ -40,31 +67,39 @@ Cli::~Cli() = default;
 
 void Cli::add_data_dir() {
   impl_->app.add_option("--data-dir", impl_->options.data_dir,
-                        "folder with the Fashion-MNIST .gz files (default: $GPU_LESSONS_DATA_DIR, "
-                        "then " GPU_LESSONS_DEFAULT_DATA_DIR ")");
+                        folded("folder with the Fashion-MNIST .gz files (default: "
+                               "$GPU_LESSONS_DATA_DIR, then " GPU_LESSONS_DEFAULT_DATA_DIR ")"));
 }
 
 void Cli::add_option(const std::string& flag, int& value, const std::string& help, int min,
                      int max) {
-  impl_->app.add_option(flag, value, help)->check(CLI::Range(min, max))->capture_default_str();
+  impl_->app.add_option(flag, value, with_range(help, min, max))
+      ->check(CLI::Range(min, max).description(""))
+      ->capture_default_str();
 }
 
 void Cli::add_option(const std::string& flag, double& value, const std::string& help, double min,
                      double max) {
-  impl_->app.add_option(flag, value, help)->check(CLI::Range(min, max))->capture_default_str();
+  impl_->app.add_option(flag, value, with_range(help, min, max))
+      ->check(CLI::Range(min, max).description(""))
+      ->capture_default_str();
 }
 
 void Cli::add_option(const std::string& flag, std::string& value, const std::string& help,
                      const std::vector<std::string>& choices) {
-  impl_->app.add_option(flag, value, help)->check(CLI::IsMember(choices))->capture_default_str();
+  std::string one_of;
+  for (const auto& choice : choices) one_of += (one_of.empty() ? "" : "|") + choice;
+  impl_->app.add_option(flag, value, folded(help + " {" + one_of + "}"))
+      ->check(CLI::IsMember(choices).description(""))
+      ->capture_default_str();
 }
 
 void Cli::add_path(const std::string& flag, std::string& value, const std::string& help) {
-  impl_->app.add_option(flag, value, help)->type_name("PATH");
+  impl_->app.add_option(flag, value, folded(help))->type_name("PATH");
 }
 
 void Cli::add_flag(const std::string& flag, bool& value, const std::string& help) {
-  impl_->app.add_flag(flag, value, help);
+  impl_->app.add_flag(flag, value, folded(help));
 }
 
 void Cli::add_hidden_path(const std::string& flag, std::string& value) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -59,9 +60,16 @@ class EveryProgram : public ::testing::TestWithParam<Program> {
   }
 };
 
-TEST_P(EveryProgram, HelpExitsZero) {
+// --help exits 0, and reads in a terminal of 100 columns: every line fits, and every flag's help
+// starts on the flag's own line (none pushed onto a line of its own by a long type or range).
+TEST_P(EveryProgram, HelpExitsZeroAndFitsOneHundredColumns) {
   const ProgramRun r = run({"--help"});
   EXPECT_EQ(r.exit_code, 0) << r.what();
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_LE(line.size(), 100u) << line;
+    if (line.rfind("  -", 0) == 0) EXPECT_GT(line.size(), 30u) << "no help beside: " << line;
+  }
 }
 TEST_P(EveryProgram, UnknownDeviceExitsTwo) {
   const ProgramRun r = run({"--device", "banana"});
