@@ -110,7 +110,10 @@ void install_counting_cpu_allocator() {
   c10::SetCPUAllocator(allocator, /*priority=*/100);
 }
 
-void set_cpu_memory_budget(std::int64_t bytes) { counters().budget.store(bytes); }
+void set_cpu_memory_budget(std::int64_t bytes) {
+  install_counting_cpu_allocator();  // a budget on an allocator that does not count would do nothing
+  counters().budget.store(bytes);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Statistics
@@ -133,6 +136,7 @@ void init_cuda_allocator() {
 MemoryStats memory_stats(const c10::Device& device) {
   MemoryStats stats;
   if (device.is_cpu()) {
+    install_counting_cpu_allocator();
     const auto& c = counters();
     stats.allocated = stats.reserved = c.allocated.load();
     stats.peak_allocated = stats.peak_reserved = c.peak.load();
@@ -155,6 +159,7 @@ MemoryStats memory_stats(const c10::Device& device) {
 
 void reset_peak_memory(const c10::Device& device) {
   if (device.is_cpu()) {
+    install_counting_cpu_allocator();
     auto& c = counters();
     c.peak.store(c.allocated.load());
     c.allocations.store(0);

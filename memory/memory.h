@@ -21,15 +21,16 @@ struct MemoryStats {
   std::int64_t allocations = 0;     ///< allocation calls since the last reset_peak_memory()
 };
 
-/// The statistics of `device` (CPU: zeros until install_counting_cpu_allocator(); CUDA:
+/// The statistics of `device` (CPU: what the counting allocator saw since it was installed; CUDA:
 /// initialises CUDA first if nothing has yet, so a baseline can be read before any tensor).
 MemoryStats memory_stats(const c10::Device& device);
 
 /// Starts a new peak (and allocation count) from the current usage.
 void reset_peak_memory(const c10::Device& device);
 
-/// Replaces LibTorch's CPU allocator with one that counts bytes (idempotent; start_lesson() calls
-/// it). Storage allocated before the call is not counted, before or after.
+/// Replaces LibTorch's CPU allocator with one that counts bytes (idempotent). A lesson that meters
+/// memory calls it right after its device line; the CPU forms of the functions here call it too,
+/// so a meter read first counts from then on. Storage allocated before it is never counted.
 void install_counting_cpu_allocator();
 
 /// With a budget > 0, a CPU allocation that would take the counted total past it throws

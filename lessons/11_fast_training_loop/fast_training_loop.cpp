@@ -193,11 +193,13 @@ class ProgressLine {
  public:
   explicit ProgressLine(std::int64_t total, bool enabled = isatty(STDOUT_FILENO) != 0,
                         std::int64_t every = 100)
-      : total_(total), every_(every), enabled_(enabled) {}
+      : total_(total), every_(every > 0 ? every : 1), enabled_(enabled) {}
   ~ProgressLine() {
     if (enabled_) std::printf("\r%40s\r", "");
     std::fflush(stdout);
   }
+  ProgressLine(const ProgressLine&) = delete;  // one line on the terminal, cleared once
+  ProgressLine& operator=(const ProgressLine&) = delete;
   void update(std::int64_t done) {
     if (!enabled_ || ++updates_ % every_ != 0) return;
     std::printf("\r  %6lld/%lld samples", static_cast<long long>(done),
