@@ -36,11 +36,15 @@ std::string folded(const std::string& help, std::size_t width = kHelpWidth) {
   }
   return text + line;
 }
+// A number flag held to [min, max], the range said in its help.
 template <typename T>
-std::string with_range(const std::string& help, T min, T max) {
+void add_ranged(CLI::App& app, const std::string& flag, T& value, const std::string& help, T min,
+                T max) {
   std::ostringstream text;
   text << help << " [" << min << "-" << max << "]";
-  return folded(text.str());
+  app.add_option(flag, value, folded(text.str()))
+      ->check(CLI::Range(min, max).description(""))
+      ->capture_default_str();
 }
 }  // namespace
 
@@ -57,10 +61,8 @@ Cli::Cli(const std::string& program, const std::string& description, CommonOptio
   app.add_option("--device", options.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--seed", options.seed, "random seed")->capture_default_str();
   app.add_flag("--quick", options.quick, "a few seconds of work (smoke tests)");
-  app.add_option("--threads", options.threads,
-                 with_range("CPU threads for LibTorch (0 = all cores; at most the cores)", 0, 1024))
-      ->check(CLI::Range(0, 1024).description(""))
-      ->capture_default_str();
+  add_ranged(app, "--threads", options.threads,
+             "CPU threads for LibTorch (0 = all cores; at most the cores)", 0, 1024);
 }
 
 Cli::~Cli() = default;
@@ -73,16 +75,12 @@ void Cli::add_data_dir() {
 
 void Cli::add_option(const std::string& flag, int& value, const std::string& help, int min,
                      int max) {
-  impl_->app.add_option(flag, value, with_range(help, min, max))
-      ->check(CLI::Range(min, max).description(""))
-      ->capture_default_str();
+  add_ranged(impl_->app, flag, value, help, min, max);
 }
 
 void Cli::add_option(const std::string& flag, double& value, const std::string& help, double min,
                      double max) {
-  impl_->app.add_option(flag, value, with_range(help, min, max))
-      ->check(CLI::Range(min, max).description(""))
-      ->capture_default_str();
+  add_ranged(impl_->app, flag, value, help, min, max);
 }
 
 void Cli::add_option(const std::string& flag, std::string& value, const std::string& help,
