@@ -28,9 +28,9 @@ MemoryStats memory_stats(const c10::Device& device);
 /// Starts a new peak (and allocation count) from the current usage.
 void reset_peak_memory(const c10::Device& device);
 
-/// Replaces LibTorch's CPU allocator with one that counts bytes (idempotent). A lesson that meters
-/// memory calls it right after its device line; the CPU forms of the functions here call it too,
-/// so a meter read first counts from then on. Storage allocated before it is never counted.
+/// Replaces LibTorch's CPU allocator with one that counts bytes (idempotent). The CPU forms of the
+/// functions here call it, so the count starts at the first reading; a lesson that reports whole
+/// totals (lesson 07) calls it after its device line. Storage allocated before it is never counted.
 void install_counting_cpu_allocator();
 
 /// With a budget > 0, a CPU allocation that would take the counted total past it throws

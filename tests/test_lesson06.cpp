@@ -9,7 +9,7 @@
 namespace {
 
 void expect_lesson_facts(const torch::Device& device) {
-  course::install_counting_cpu_allocator();  // the CPU's memory meter, as the lesson installs it
+  course::install_counting_cpu_allocator();  // the CPU's meter, as the lesson's first read does
   torch::manual_seed(lesson06::kSeed);
   lesson06::ANN model;
   model->to(device);

@@ -34,7 +34,7 @@
 #include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/device.h"   // defines: format_bytes
-#include "memory/memory.h"   // defines: memory_stats, reset_peak_memory, install_counting_...
+#include "memory/memory.h"   // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
 #include "common/timing.h"   // defines: Timing, time_median, describe_ms, timing_note
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 
@@ -158,7 +158,8 @@ struct PassFacts {
 };
 
 /// Runs the pass in eval mode after one warm-up batch, measuring peak memory with the course's
-/// meter (memory/memory.h: on the CPU, the counting allocator main installs) and time.
+/// meter (memory/memory.h: on the CPU, a counting allocator, installed by its first read) and
+/// time: the figures are what a pass allocates above what was live before it.
 PassFacts measure_pass(ANN& model, const torch::Tensor& x, Mode mode, const torch::Device& device,
                        int timed_runs = kTimedRuns) {
   model->eval();
@@ -273,7 +274,6 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
   device = course::start_lesson(options, device);  // --device may override it; printed first
-  course::install_counting_cpu_allocator();  // the CPU's memory meter, counted from here on
   course::Verdict verdict;
 
   course::ImageSet test =

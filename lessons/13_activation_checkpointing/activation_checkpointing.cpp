@@ -32,7 +32,7 @@
 #include "common/compare.h"    // defines: max_rel_diff, tolerance_for
 #include "common/device.h"     // defines: format_bytes, synchronize
 #include "common/generator.h"  // defines: rng_state, set_rng_state
-#include "memory/memory.h"     // defines: memory_stats, reset_peak_memory, install_counting_...
+#include "memory/memory.h"     // defines: memory_stats, reset_peak_memory
 #include "common/report.h"     // defines: format
 #include "common/timing.h"     // defines: Timing, time_median, timing_note
 #include "common/verdict.h"    // defines: Verdict, report_error
@@ -330,7 +330,6 @@ int main(int argc, char** argv) try {
                   options);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
-  course::install_counting_cpu_allocator();  // the CPU's memory meter, counted from here on
   course::Verdict verdict;
   lesson13::compare_plain_and_checkpointed(device, options.quick, options.seed, verdict);
   return verdict.finish("lesson 13 on " + device.str());
