@@ -14,11 +14,10 @@
 //     allocator) and time.
 //
 // Run:    build/bin/lesson06_no_grad_eval [--device ...] [--data-dir DIR] [--quick]
-// Checks: the tutorial's loop records no graph and its accuracy is the one a pass with grad
-//         gives; outputs under no_grad and inference mode carry no graph; the inference tensor is
-//         refused by autograd; the no-grad peak memory is below the with-grad peak; in train
-//         mode dropout makes outputs differ, in eval mode they are identical.
-//         Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
+// Checks: the tutorial's loop records no graph; outputs under no_grad and inference mode carry
+//         no graph; the inference tensor is refused by autograd; the no-grad peak memory is below
+//         the with-grad peak; in train mode dropout makes outputs differ, in eval mode they are
+//         identical. Exit 0 PASS, 1 FAIL, 2 bad flag or missing data.
 #include <torch/torch.h>  // defines: torch::NoGradGuard, c10::InferenceMode, torch::nn, torch::data
 
 #include <algorithm>

@@ -14,8 +14,7 @@
 //
 // Run:    build/bin/lesson07_memory_management [--device auto|cpu|cuda|cuda:N] [--quick] [--watch]
 // Checks: the deleted tensor's memory returns to the baseline; peak memory grows with the batch
-//         size; the OOM loop ends on a batch that fits after at least one failure. Exit 0 PASS,
-//         1 FAIL, 2 bad flag.
+//         size; the OOM loop fails, then finds a batch that fits. Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, c10::OutOfMemoryError
 #include <unistd.h>       // defines: getpid
 
@@ -32,8 +31,8 @@
 
 #include "common/cli.h"      // defines: Cli, start_lesson
 #include "common/device.h"   // defines: format_bytes
-#include "memory/memory.h"   // defines: MemoryStats, the CPU's meter and budget
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
+#include "memory/memory.h"   // defines: MemoryStats, the CPU's meter and budget
 #include "smi_view.h"        // defines: smi_view (nvidia-smi's view, from NVML), mem_get_info
 #include "training_state.h"  // defines: training_state_bytes
 
@@ -306,7 +305,8 @@ std::vector<StepMemory> measure_batches(Net& model, torch::optim::Optimizer& opt
     std::printf("  %5lld  %11s  %18s  %14.0f B\n", static_cast<long long>(batch),
                 mib(s.peak).c_str(), mib(s.activations).c_str(), s.bytes_per_sample());
   }
-  std::cout << "  (the part that does not grow: gradients and the optimizer's temporaries)\n";
+  std::cout << "  (step peak: the step's largest moment, in backward or in Adam's step; kept for "
+               "backward: what the graph holds after forward)\n";
   return steps;
 }
 
@@ -340,7 +340,7 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
   device = course::start_lesson(options, device);  // --device may override it; printed first
-  course::install_counting_cpu_allocator();  // the CPU's memory meter, counted from here on
+  course::install_counting_cpu_allocator();        // the CPU's memory meter, counted from here on
   course::Verdict verdict;
   torch::manual_seed(options.seed);
   Net model;

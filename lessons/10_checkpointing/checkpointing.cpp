@@ -142,7 +142,7 @@ void save_weights(ANN& model, const std::string& path) {
 // Python: model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
 void load_weights(ANN& model, const std::string& path, const torch::Device& device) {
   // torch::load trusts the file: LibTorch's reader takes the sizes a damaged file claims, and the
-  // module takes whatever shapes the file holds. So the file is checked first (common/).
+  // module takes whatever shapes the file holds. So the file is checked first (torch_files/).
   course::check_module_file(*model, path);
   // >>> lab: load `path` into `model`, every tensor made on `device` (Python's map_location)
   torch::load(model, path, device);
