@@ -292,15 +292,14 @@ void part2(const course::RankInfo& info, const torch::Device& device, const cour
   course::shutdown_group(*group);  // the last collective is done: end the group in order
   std::printf("parameter checksum %016llx\n",
               static_cast<unsigned long long>(course::checksum(mine[0])));
-  const torch::Tensor differ = mine[0].cpu() != rank0[0].cpu();  // where the ranks drifted apart
-  const std::int64_t apart = differ.sum().item<std::int64_t>();
-  verdict.check(
-      apart == 0, "this rank holds rank 0's parameters",
-      apart == 0
-          ? ""
-          : course::format("%lld of %lld differ, by at most %.2e", static_cast<long long>(apart),
-                           static_cast<long long>(differ.numel()),
-                           (mine[0].cpu() - rank0[0].cpu()).abs().max().item<double>()));
+  const torch::Tensor here = mine[0].cpu(), there = rank0[0].cpu();
+  const std::int64_t apart = (here != there).sum().item<std::int64_t>();  // parameters drifted
+  verdict.check(apart == 0, "this rank holds rank 0's parameters",
+                apart == 0 ? ""
+                           : course::format("%lld of %lld differ, by at most %.2e",
+                                            static_cast<long long>(apart),
+                                            static_cast<long long>(here.numel()),
+                                            (here - there).abs().max().item<double>()));
   const double accuracy = course::test_accuracy(model, test, device);
   std::printf("Test Accuracy: %.4f\n", accuracy);
   verdict.check(accuracy >= bar, "test accuracy reaches lesson 05's bar",

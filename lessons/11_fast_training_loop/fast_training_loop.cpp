@@ -92,8 +92,8 @@ EpochStats train_epoch_tutorial(Trainer& trainer, course::TrainLoader& train_loa
 // ---- tutorial 002's loop: slices of one tensor, each moved as it is used ----------------------
 //! [tutorial-002]
 // for i in range(0, len(X_tensor), batch_size):
-//     Xbatch = X_tensor[i:i+batch_size].to(device); ...; ybatch =
-//     y_tensor[i:i+batch_size].to(device)
+//     Xbatch = X_tensor[i:i+batch_size].to(device)
+//     ybatch = y_tensor[i:i+batch_size].to(device); ...
 // A slice is a view (nothing is copied; the last one is shorter, as in Python); .to(device) then
 // copies it: one copy each step. The resident loader below moves the tensors to the device once,
 // before the loop, and takes its batches where they already are.
@@ -427,7 +427,7 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
         "%lld manual\n",
         tutorial_ops, tutorial.model->parameters().size(), flat_ops, manual_ops);
     // The same weights, the same batch: the written-out backward's gradients against autograd's.
-    // (Not epoch losses: sums in another order round apart, and 5 epochs of steps magnify it.)
+    // (Not epoch losses: sums in another order round apart, and thousands of steps magnify it.)
     manual_vs_flat = course::max_rel_diff(manual.flat.gradients, flat.flat.gradients);
   }
 
