@@ -37,6 +37,13 @@ using TrainBatches =
 using TrainLoader =
     torch::data::StatelessDataLoader<TrainBatches, torch::data::samplers::RandomSampler>;
 
+/// The FLOPs one training sample costs the ANN: its forward pass and its weights' gradients are a
+/// multiply-add per weight each, its inputs' gradients one per weight of fc2 and out (the images
+/// need none). Over an epoch's samples, over a device's matmul_rate() (common/timing.h): the
+/// epoch's compute floor.
+constexpr double kTrainingFlopsPerSample =
+    2.0 * 2 * (784 * 128 + 128 * 64 + 64 * 10) + 2.0 * (128 * 64 + 64 * 10);
+
 /// DataLoader(train_ds, batch_size=batch_size, shuffle=True) with `workers` threads: the
 /// RandomSampler draws an order from the CPU generator when the loader is made and when each
 /// epoch begins; the batches come in that order whatever the number of workers.

@@ -1,4 +1,4 @@
-// timing.cpp: synchronized stopwatch, median timing, and counting operators.
+// timing.cpp: synchronized stopwatch, median timing, counting operators, a matmul's rate.
 #include "common/timing.h"
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include <ATen/Functions.h>        // defines: at::rand, at::mm
 #include <ATen/record_function.h>  // defines: at::addGlobalCallback, at::removeCallback
 
 #include "common/device.h"
@@ -118,6 +119,12 @@ std::int64_t count_operators(const std::function<void()>& work) {
   work();
   at::removeCallback(handle);
   return count.load();
+}
+
+double matmul_rate(const c10::Device& device) {
+  const at::Tensor a = at::rand({1024, 1024}, at::TensorOptions().device(device));
+  const Timing t = time_median([&] { at::mm(a, a); }, device, 2, 5);
+  return 2.0 * 1024 * 1024 * 1024 / t.median_s;
 }
 
 }  // namespace course

@@ -1,6 +1,7 @@
 // timing.h defines: a stopwatch that synchronizes the device before reading the clock, the
 // median of several timed runs after warm-up (with their spread, and whether it says the machine
-// was busy), median() itself, and a count of the ATen operators a piece of work dispatches.
+// was busy), median() itself, a count of the ATen operators a piece of work dispatches, and the
+// device's matrix-product rate.
 #pragma once
 
 #include <chrono>
@@ -49,6 +50,10 @@ Timing per_piece(Timing t, double count);
 /// backward on threads of its own): counted with LibTorch's RecordFunction callbacks, nested
 /// operators included. On a GPU most of them launch a kernel each.
 std::int64_t count_operators(const std::function<void()>& work);
+
+/// The device's matrix-product rate in FLOP/s: a 1024 x 1024 float32 product, the median of 5
+/// runs after 2 (the rate a small model's compute floor is measured against).
+double matmul_rate(const c10::Device& device);
 
 /// "0.412 s (0.391-0.520, 4 runs)": the median, then the fastest and the slowest run; a single
 /// run says so: "0.412 s (one run, no spread)".

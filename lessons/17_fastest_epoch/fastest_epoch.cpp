@@ -34,7 +34,8 @@
 #include <c10/cuda/CUDAStream.h>     // defines: c10::cuda::getStreamFromPool
 #endif
 
-#include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's)
+#include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's),
+                         // kTrainingFlopsPerSample
 #include "common/cli.h"              // defines: Cli, start_lesson
 #include "common/compare.h"          // defines: tolerance_for
 #include "common/data.h"             // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
@@ -42,7 +43,7 @@
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
 #include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs, format
-#include "common/timing.h"           // defines: Stopwatch, time_median, count_operators
+#include "common/timing.h"  // defines: Stopwatch, time_median, count_operators, matmul_rate
 #include "common/verdict.h"          // defines: Verdict, report_error
 #include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
 
@@ -441,18 +442,6 @@ double relative_difference(const torch::Tensor& got, const torch::Tensor& expect
 //! [check-forms]
 
 // ---- the floor each form is near ----------------------------------------------------------------
-// FLOPs of one training sample: the forward pass and the weights' gradients are a multiply-add
-// per weight each, the inputs' gradients one per weight of fc2 and out (the images need none).
-constexpr double kFlopsPerSample =
-    2.0 * 2 * (784 * 128 + 128 * 64 + 64 * 10) + 2.0 * (128 * 64 + 64 * 10);
-
-// The device's matrix-product rate in FLOP/s: a 1024 x 1024 product, the median of 5 runs.
-double matmul_rate(const torch::Device& device) {
-  const torch::Tensor a = torch::rand({1024, 1024}, torch::TensorOptions().device(device));
-  const course::Timing t = course::time_median([&] { torch::mm(a, a); }, device, 2, 5);
-  return 2.0 * 1024 * 1024 * 1024 / t.median_s;
-}
-
 // On CUDA, what a graph costs per kernel it replays: a graph of 1,000 one-element kernels, each
 // waiting for the one before (as a training step's do), the median of 5 replays per kernel.
 double replay_seconds_per_kernel([[maybe_unused]] const torch::Device& device) {
@@ -534,8 +523,8 @@ void run_lesson(const std::vector<std::string>& runs, const course::ImageSet& tr
     std::printf("  %-9s %13lld %13.2f\n", row.name.c_str(), ops,
                 row.timing.median_s / steps / static_cast<double>(ops) * 1e6);
   }
-  const double flops = kFlopsPerSample * static_cast<double>(train.labels.size(0));
-  const double rate = matmul_rate(device);
+  const double flops = course::kTrainingFlopsPerSample * static_cast<double>(train.labels.size(0));
+  const double rate = course::matmul_rate(device);
   std::printf(
       "  compute floor: %.1f GFLOP per epoch at %.0f GFLOP/s (a 1024x1024 product on "
       "%s) = %.1f ms per epoch; the fastest form took %.1fx it\n",

@@ -29,6 +29,18 @@ TEST(Ann, TheTutorialsLayersNamesAndAccuracy) {
   EXPECT_FALSE(model->is_training());
 }
 
+// Tests the FLOPs a training sample costs against the ANN's own weights: a multiply-add (2 FLOPs)
+// per weight forward and again for its gradient, and one more for the gradient of each input
+// except the images (fc2's and out's weights).
+TEST(Ann, TrainingFlopsPerSampleCountTheWeights) {
+  course::ANN model;
+  const double weights = static_cast<double>(
+      model->fc1->weight.numel() + model->fc2->weight.numel() + model->out->weight.numel());
+  const double past_first = static_cast<double>(model->fc2->weight.numel() +
+                                                model->out->weight.numel());
+  EXPECT_EQ(course::kTrainingFlopsPerSample, 2 * 2 * weights + 2 * past_first);
+}
+
 // Tests that test_accuracy takes a lesson's own model as well (any module holder whose forward
 // takes the images): lesson 09's is a Cloneable ANN.
 TEST(Ann, TestAccuracyOfAnotherModel) {

@@ -1,6 +1,7 @@
 // Tests of common/timing.h: timing: medians, operator counts, what a timing says, per-piece
 // timings.
 
+#include <cmath>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -28,6 +29,14 @@ TEST(Timing, CountOperatorsCountsEachDispatch) {
   EXPECT_GE(one, 1);
   EXPECT_EQ(course::count_operators([&] { (void)torch::add(a, b); (void)torch::add(a, b); }), 2 * one);
   EXPECT_EQ(course::count_operators([] {}), 0);
+}
+
+// Tests that the matmul rate is a rate: positive and finite, in FLOP/s (a CPU does more than a
+// million a second).
+TEST(Timing, MatmulRateIsFlopsPerSecond) {
+  const double rate = course::matmul_rate(c10::Device(c10::kCPU));
+  EXPECT_TRUE(std::isfinite(rate));
+  EXPECT_GT(rate, 1e6);
 }
 
 // Tests the spread's wording and the busy-machine rule (slowest over 1.5 times the fastest).
