@@ -11,7 +11,8 @@
 #           pipeline, for the yardstick) in the project's virtual environment .venv; needs
 #           the CUDA toolkit of the same major version (nvcc on the PATH) to configure;
 #           clang, this flavour's compiler too.
-#   auto    2.11's way with the installed PyTorch when python3 has torch >= 2, else debian.
+#   auto    2.11's way with the installed PyTorch when python3 has torch >= 2; else, on a machine
+#           with an NVIDIA GPU, 2.11 (scripts/flavour.sh says why, first); else debian.
 # Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
 # Gloo's headers, matplotlib (the benchmark charts and lesson 16's timeline pictures).
 set -euo pipefail
@@ -19,7 +20,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"
 venv=$root/.venv
 torch_pin=2.11.0
+torch_pin_cuda=13.0     # the CUDA of the wheel torch_pin installs (torch.version.cuda)
 torchvision_pin=0.26.0  # the torchvision release built against torch 2.11
+[ -z "$flavour_why" ] || echo "setup: flavour 2.11: $flavour_why"
 
 if [ "$flavour" = auto ]; then
   if python3 -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
@@ -76,6 +79,8 @@ if [ "$flavour" = debian ]; then
 fi
 
 if [ "$flavour" = 2.11 ]; then
+  # The toolkit first: without it nothing can be built, and the wheel is 3 GB.
+  require_cuda_toolkit "$torch_pin_cuda"
   have=$("$venv/bin/python" -c 'import numpy, torch; print(torch.__version__)' 2>/dev/null || true)
   if [ "${have%%+*}" != "$torch_pin" ]; then
     echo "setup: installing torch==$torch_pin from PyPI into $venv (about 3 GB to download)"
@@ -89,24 +94,8 @@ if [ "$flavour" = 2.11 ]; then
   fi
 fi
 
-if [ "$flavour" = 2.11 ] || [ "$flavour" = installed ]; then
+if [ "$flavour" = installed ]; then
   # A CUDA LibTorch's CMake config needs the CUDA toolkit, of the major version it was built with.
-  python=$([ "$flavour" = 2.11 ] && echo "$venv/bin/python" || echo python3)
-  torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")')
-  if [ -n "$torch_cuda" ]; then
-    if ! command -v nvcc >/dev/null; then
-      echo "setup: this PyTorch is built with CUDA $torch_cuda; configuring against it needs the" \
-           "CUDA $torch_cuda toolkit (nvcc), and nvcc is not on the PATH" >&2
-      echo "HINT: install NVIDIA's CUDA $torch_cuda toolkit and add its bin/ to the PATH" \
-           "(export PATH=/usr/local/cuda/bin:\$PATH), or use GPU_LESSONS_TORCH=debian" >&2
-      exit 2
-    fi
-    nvcc_cuda=$(nvcc --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
-    if [ "${nvcc_cuda%%.*}" != "${torch_cuda%%.*}" ]; then
-      echo "setup: PyTorch is built with CUDA $torch_cuda, but nvcc ($(command -v nvcc)) is CUDA" \
-           "$nvcc_cuda: code compiled against the wrong headers reads CUDA's structs wrongly" >&2
-      echo "HINT: put the CUDA ${torch_cuda%%.*}.x toolkit's nvcc first on the PATH" >&2
-      exit 2
-    fi
-  fi
+  torch_cuda=$(python3 -c 'import torch; print(torch.version.cuda or "")')
+  [ -z "$torch_cuda" ] || require_cuda_toolkit "$torch_cuda"
 fi

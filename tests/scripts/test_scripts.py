@@ -11,6 +11,9 @@ build; and what a class needs besides). A class that cannot run here skips (unit
   LabsGraded      every lab's starter fails scripts/grade-lab, a lesson passes it
   MakePages       scripts/make-pages: a page whose quoted transcript changed fails --check
                   until --reread records it as read
+  FlavourChoice   scripts/flavour.sh: auto on a machine with an NVIDIA GPU and no PyTorch is the
+                  CUDA flavour, and a missing or mismatched CUDA toolkit is named before anything
+                  is downloaded
 """
 import glob
 import json
@@ -310,6 +313,72 @@ class GpuPass(Scratch):
                                       env={"GPU_PASS_PYTHON": SYSTEM_PYTHON})
             self.assertEqual(code, 2, out)
             self.assertIn("HINT", out)
+
+
+class FlavourChoice(Scratch):
+    """The flavour scripts/flavour.sh decides, on a machine made up for the test: a file standing
+    in for the GPU driver's device node (GPU_LESSONS_NVIDIA_DEVICE) and a PATH whose python3 has
+    PyTorch 2 or none at all (a script that says so). Then require_cuda_toolkit with no nvcc on
+    the PATH, and with an nvcc of another CUDA major version: exit 2, naming what to install."""
+
+    def fake_program(self, name, script):
+        folder = self.path("bin")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("#!/bin/sh\n" + script + "\n")
+        os.chmod(os.path.join(folder, name), 0o755)
+        return folder
+
+    def decide(self, env, command='echo "$flavour|$build|$flavour_why"'):
+        """What flavour.sh sets, sourced as the scripts source it, with `env` and a PATH of the
+        fake programs and the system's own (no /usr/local: no CUDA toolkit)."""
+        path = self.path("bin") + ":/usr/bin:/bin"
+        return run(["bash", "-c", f'root="$1"; source "$root/scripts/flavour.sh"; {command}',
+                    "flavour", ROOT], env={"PATH": path, "GPU_LESSONS_TORCH": "", **env})
+
+    def test_a_gpu_without_pytorch_is_the_cuda_flavour(self):
+        node = self.path("nvidia0")
+        open(node, "w").close()
+        self.fake_program("python3", "exit 1")  # no torch
+        code, out = self.decide({"GPU_LESSONS_NVIDIA_DEVICE": node})
+        self.assertEqual(code, 0, out)
+        flavour, build, why = out.strip().split("|")
+        self.assertEqual(flavour, "2.11")
+        self.assertEqual(build, os.path.join(ROOT, "build-2.11"))
+        self.assertIn(node, why)
+        self.assertIn("no CUDA", why)
+
+    def test_no_gpu_or_an_installed_pytorch_keeps_auto(self):
+        node = self.path("nvidia0")
+        self.fake_program("python3", "exit 1")
+        code, out = self.decide({"GPU_LESSONS_NVIDIA_DEVICE": node})  # no node: no GPU
+        self.assertEqual((code, out.strip()), (0, f"auto|{os.path.join(ROOT, 'build')}|"))
+        open(node, "w").close()
+        self.fake_program("python3", "exit 0")  # a PyTorch 2 (a GPU server's): auto finds it
+        code, out = self.decide({"GPU_LESSONS_NVIDIA_DEVICE": node})
+        self.assertEqual((code, out.strip()), (0, f"auto|{os.path.join(ROOT, 'build')}|"))
+
+    def test_an_explicit_flavour_is_kept(self):
+        node = self.path("nvidia0")
+        open(node, "w").close()
+        self.fake_program("python3", "exit 1")
+        code, out = self.decide({"GPU_LESSONS_NVIDIA_DEVICE": node, "GPU_LESSONS_TORCH": "debian"})
+        self.assertEqual((code, out.strip().split("|")[0]), (0, "debian"))
+
+    def test_a_missing_or_mismatched_toolkit_is_named(self):
+        self.fake_program("python3", "exit 1")
+        code, out = self.decide({}, "require_cuda_toolkit 13.0; echo passed")
+        self.assertEqual(code, 2, out)
+        self.assertIn("nvcc is not on the PATH", out)
+        self.assertIn("HINT: install NVIDIA's CUDA 13.x toolkit", out)
+        self.assertNotIn("passed", out)
+        self.fake_program("nvcc", 'echo "Cuda compilation tools, release 12.4, V12.4.131"')
+        code, out = self.decide({}, "require_cuda_toolkit 13.0; echo passed")
+        self.assertEqual(code, 2, out)
+        self.assertIn("is CUDA 12.4", out)
+        self.fake_program("nvcc", 'echo "Cuda compilation tools, release 13.2, V13.2.51"')
+        code, out = self.decide({}, "require_cuda_toolkit 13.0; echo passed")
+        self.assertEqual((code, out.strip()), (0, "passed"))
 
 
 class LabsGraded(unittest.TestCase):
