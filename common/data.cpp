@@ -163,4 +163,12 @@ ImageSet take(const ImageSet& data, std::int64_t n) {
   return {data.images.slice(0, 0, n), data.labels.slice(0, 0, n)};
 }
 
+FashionMnist load_fashion_mnist_splits(const std::string& flag, bool quick,
+                                       std::int64_t quick_samples) {
+  const std::filesystem::path folder = find_fashion_mnist(flag);
+  ImageSet train = load_fashion_mnist(folder, /*train=*/true);
+  if (quick) train = take(train, quick_samples);
+  return {folder, train, load_fashion_mnist(folder, /*train=*/false)};
+}
+
 }  // namespace course

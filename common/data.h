@@ -42,4 +42,14 @@ ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train);
 /// The first `n` samples of `data` (all of it when n >= its size), as views: nothing is copied.
 ImageSet take(const ImageSet& data, std::int64_t n);
 
+/// Both splits as a training lesson starts with them: the folder found from `flag`
+/// (find_fashion_mnist), the training split cut to its first `quick_samples` images when `quick`
+/// (a --quick run), the test split whole.
+struct FashionMnist {
+  std::filesystem::path folder;
+  ImageSet train, test;
+};
+FashionMnist load_fashion_mnist_splits(const std::string& flag, bool quick,
+                                       std::int64_t quick_samples);
+
 }  // namespace course

@@ -22,7 +22,7 @@
 #include "common/ann.h"           // defines: make_train_loader, test_accuracy, FashionMNIST
 #include "common/cli.h"           // defines: Cli, start_lesson, available_cores
 #include "common/compare.h"       // defines: max_rel_diff, tolerance_for, gradients, checksum
-#include "common/data.h"          // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/data.h"          // defines: ImageSet, load_fashion_mnist_splits
 #include "common/device.h"        // defines: cuda_device_count
 #include "common/report.h"        // defines: format
 #include "common/timing.h"        // defines: Stopwatch, time_median, describe_ms
@@ -334,10 +334,8 @@ int main(int argc, char** argv) try {
   if (job && options.threads == 0)  // the host's cores shared out among its ranks
     options.threads = std::max(1, course::available_cores() / info.local_world_size);
   const torch::Device device = course::start_lesson(options);  // prints the device first
-  const auto folder = course::find_fashion_mnist(options.data_dir);
-  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = course::take(train, kQuickSamples);
+  const auto [folder, train, test] =
+      course::load_fashion_mnist_splits(options.data_dir, options.quick, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
   const double bar = !options.quick && epochs >= kEpochs ? kAccuracyBar : kQuickAccuracyBar;
   course::Verdict verdict;

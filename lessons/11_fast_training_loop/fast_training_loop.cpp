@@ -27,10 +27,10 @@
 #include <map>
 
 #include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's)
-#include "common/cli.h"      // defines: Cli, start_lesson
-#include "common/compare.h"  // defines: tolerance_for, max_rel_diff
-#include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist, take
-#include "common/device.h"   // defines: why_no_cuda
+#include "common/cli.h"              // defines: Cli, start_lesson
+#include "common/compare.h"          // defines: tolerance_for, max_rel_diff
+#include "common/data.h"             // defines: ImageSet, load_fashion_mnist_splits
+#include "common/device.h"           // defines: why_no_cuda
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
 #include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs
@@ -479,10 +479,8 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
-  const auto folder = course::find_fashion_mnist(options.data_dir);
-  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = course::take(train, kQuickSamples);
+  const auto [folder, train, test] =
+      course::load_fashion_mnist_splits(options.data_dir, options.quick, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
   // kAccuracyBar is for a full run (all images, >= kEpochs, batches <= kBatchSize).
   const bool full_run = !options.quick && epochs >= kEpochs && batch_size <= kBatchSize;

@@ -34,16 +34,15 @@
 #include <c10/cuda/CUDAStream.h>     // defines: c10::cuda::getStreamFromPool
 #endif
 
-#include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's),
-                         // kTrainingFlopsPerSample
+#include "common/ann.h"              // defines: ANN, kTrainingFlopsPerSample, lesson 05's loop
 #include "common/cli.h"              // defines: Cli, start_lesson
 #include "common/compare.h"          // defines: tolerance_for
-#include "common/data.h"             // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/data.h"             // defines: ImageSet, load_fashion_mnist_splits
 #include "common/device.h"           // defines: why_no_cuda, synchronize
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
 #include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs, format
-#include "common/timing.h"  // defines: Stopwatch, time_median, count_operators, matmul_rate
+#include "common/timing.h"           // defines: time_median, count_operators, matmul_rate
 #include "common/verdict.h"          // defines: Verdict, report_error
 #include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
 
@@ -238,9 +237,9 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   at::threshold_backward_out(b.d_h2, b.d_h2, b.h2, /*threshold=*/0);  // ReLU's backward: h2 > 0
   torch::mm_out(grad = model->fc2->weight.grad(), b.d_h2_t, b.h1);    // dL/dW2 = d_h2^T h1
   torch::sum_out(grad = model->fc2->bias.grad(), b.d_h2, /*dim=*/0);  // dL/db2
-  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);                   // dL/dh1 = d_h2 W2
+  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);                  // dL/dh1 = d_h2 W2
   at::threshold_backward_out(b.d_h1, b.d_h1, b.h1, /*threshold=*/0);  // h1 > 0
-  torch::mm_out(grad = model->fc1->weight.grad(), b.d_h1_t, x);  // dL/dW1 = d_h1^T x (x: none)
+  torch::mm_out(grad = model->fc1->weight.grad(), b.d_h1_t, x);       // dL/dW1 = d_h1^T x (x: none)
   torch::sum_out(grad = model->fc1->bias.grad(), b.d_h1, /*dim=*/0);  // dL/db1
   if (!has_fused_adam(x.device())) {
     trainer.optimizer->step();  // LibTorch's Adam over the one flat tensor
@@ -570,10 +569,8 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
-  const auto folder = course::find_fashion_mnist(options.data_dir);
-  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = course::take(train, kQuickSamples);
+  const auto [folder, train, test] =
+      course::load_fashion_mnist_splits(options.data_dir, options.quick, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
   const bool full_run = !options.quick && epochs >= kEpochs;  // kAccuracyBar is for a full run
   std::cout << "Fashion-MNIST: " << train.labels.size(0) << " training images, "

@@ -35,7 +35,7 @@
 #include "common/child_process.h"     // defines: ChildProcess, describe_status
 #include "common/cli.h"               // defines: Cli, start_lesson
 #include "common/compare.h"           // defines: max_rel_diff, tolerance_for
-#include "common/data.h"              // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/data.h"              // defines: ImageSet, load_fashion_mnist_splits
 #include "common/flat_parameters.h"   // defines: FlatParameters, flatten_parameters (lesson 11's)
 #include "common/report.h"            // defines: EpochStats, run_epochs, print_timed_runs, format
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
@@ -421,10 +421,8 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
   course::Verdict verdict;
-  const auto folder = course::find_fashion_mnist(options.data_dir);
-  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = course::take(train, kQuickSamples);
+  const auto [folder, train, test] =
+      course::load_fashion_mnist_splits(options.data_dir, options.quick, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? kQuickEpochs : kEpochs;
   const bool full_run = !options.quick && epochs >= kEpochs;  // kAccuracyBar is for a full run
   std::cout << "Fashion-MNIST: " << train.labels.size(0) << " training images, "

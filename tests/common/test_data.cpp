@@ -182,6 +182,23 @@ TEST_F(FashionMnistTest, EnvironmentVariableIsUsed) {
   }
 }
 
+// Tests that a lesson's start reads both splits from the folder found, the training split cut for
+// a --quick run and whole otherwise, the test split always whole, the same images as
+// load_fashion_mnist's.
+TEST_F(FashionMnistTest, SplitsAsALessonStarts) {
+  const std::string folder = course::find_fashion_mnist("").string();
+  const course::FashionMnist quick = course::load_fashion_mnist_splits(folder, true, 1000);
+  EXPECT_EQ(quick.folder, fs::path(folder));
+  EXPECT_EQ(quick.train.labels.size(0), 1000);
+  EXPECT_EQ(quick.test.labels.size(0), 10000);
+  EXPECT_TRUE(torch::equal(quick.train.images, this->train().images.slice(0, 0, 1000)));
+  EXPECT_TRUE(torch::equal(quick.test.labels, this->test().labels));
+  const course::FashionMnist full = course::load_fashion_mnist_splits(folder, false, 1000);
+  EXPECT_EQ(full.train.labels.size(0), 60000);
+  EXPECT_THROW(course::load_fashion_mnist_splits("/definitely/not/here", true, 10),
+               course::DataError);
+}
+
 // Tests that take() gives a split's first samples as views of it, and all of it when asked for more.
 TEST(Take, FirstSamplesAsViews) {
   const course::ImageSet data{torch::rand({10, 28, 28}), torch::arange(10, torch::kLong)};
