@@ -106,6 +106,43 @@ class MakePages(Scratch):
         self.assertIn("not a source page", out)
 
 
+    def test_seconds_shown_in_milliseconds(self):
+        os.makedirs(self.path("scripts"))
+        shutil.copy(os.path.join(SCRIPTS, "make-pages"), self.path("scripts", "make-pages"))
+        os.makedirs(self.path("docs", "src"))
+        os.makedirs(self.path("docs", "transcripts", "cpu"))
+        with open(self.path("docs", "transcripts", "cpu", "x.txt"), "w") as f:
+            f.write("slow 1.095 s/epoch\nfast 0.0100 s/epoch\nnone n/a s/epoch\n")
+        with open(self.path("docs", "src", "page.md"), "w") as f:
+            f.write("# Page {#page}\n\n| \\figure[ms]{docs/transcripts/cpu/x.txt:slow (\\S+) s} | "
+                    "\\figure[ms]{docs/transcripts/cpu/x.txt:fast (\\S+) s} |\n")
+        code, out = self.make_pages()
+        self.assertEqual(code, 0, out)
+        with open(self.path("docs", "page.md")) as f:
+            self.assertIn("| 1095 | 10.0 |", f.read())
+        with open(self.path("docs", "src", "page.md"), "a") as f:
+            f.write("\\figure[ms]{docs/transcripts/cpu/x.txt:none (\\S+) s}\n")
+        code, out = self.make_pages()
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("'n/a' in docs/transcripts/cpu/x.txt is not a number of seconds", out)
+        self.assertNotIn("Traceback", out)
+
+
+    def test_a_ref_cut_at_a_line_end_is_refused(self):
+        os.makedirs(self.path("scripts"))
+        shutil.copy(os.path.join(SCRIPTS, "make-pages"), self.path("scripts", "make-pages"))
+        os.makedirs(self.path("docs", "src"))
+        with open(self.path("docs", "src", "page.md"), "w") as f:
+            f.write("# Page {#page}\n\nSee `\\ref` and \\ref page \"this page\".\n")
+        code, out = self.make_pages()
+        self.assertEqual(code, 0, out)
+        with open(self.path("docs", "src", "page.md"), "a") as f:
+            f.write("As \\ref\npage says.\n")
+        code, out = self.make_pages()
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("docs/src/page.md:4: a \\ref this script cannot read", out)
+
+
 class Lesson16Trace(Scratch):
     """Lesson 16's --trace FILE writes two Chrome traces that parse as JSON, each with complete
     events ("ph": "X") for every profiled step's ranges, which scripts/plot-trace draws as one
