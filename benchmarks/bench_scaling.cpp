@@ -4,7 +4,11 @@
 // the same machine: samples/s and achieved FLOP/s, beside the device's measured matrix-product
 // peak for each precision (BM_PeakMatmul*: one large product). A small step is bound by its
 // operators' fixed costs (kernel launches, dispatch); a large one by the matrix products, where
-// the GPU's thousands of lanes and bf16's tensor cores pay.
+// the GPU's thousands of lanes and bf16's tensor cores pay. On the GPU each step is timed twice:
+// eager (LibTorch's dispatcher launching each kernel from the host, as Python's eager mode does)
+// and graphed (BM_ScalingStepGraphedCuda: the same step captured once in a CUDA graph and
+// replayed, lessons 15 and 17's recipe), so that a figure says whether it measured the GPU or the
+// host's dispatch: where the two agree, the GPU's work is the step's time.
 // GPU timings synchronize before reading the clock.
 //
 // Run: build/bin/bench_scaling --benchmark_out=scaling.json --benchmark_out_format=json
@@ -12,8 +16,17 @@
 #include <ATen/Context.h>  // defines: at::globalContext (TF32 for cuBLAS)
 #include <torch/torch.h>
 
-#include "bench.h"
+#ifdef GPU_LESSONS_WITH_CUDA         // CMake defines it when this LibTorch has CUDA
+#include <ATen/autocast_mode.h>      // defines: at::autocast::set_autocast_cache_enabled
+#include <ATen/cuda/CUDAGraph.h>     // defines: at::cuda::CUDAGraph
+#include <c10/cuda/CUDAFunctions.h>  // defines: c10::cuda::device_synchronize
+#include <c10/cuda/CUDAGuard.h>      // defines: c10::cuda::CUDAStreamGuard
+#include <c10/cuda/CUDAStream.h>     // defines: c10::cuda::getStreamFromPool
+#endif
+
 #include "autocast.h"  // defines: Autocast
+#include "bench.h"
+#include "common/cli.h"  // defines: CpuThreads
 
 namespace {
 
@@ -85,10 +98,83 @@ void scaling_step(benchmark::State& state, const c10::Device& device) {
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The same step in one CUDA graph, replayed: warm-up steps on a side stream (cuBLAS's handles and
+// workspaces, the allocator's blocks: made before the capture, which must not make them), the
+// capture there, then one replay an iteration. Adam is LibTorch's fused Adam with its step counts
+// on the device (lesson 17's at::_fused_adam_), so that a replay takes the step a real one would,
+// and the gradients are zeroed in place (a graph reads and writes fixed addresses). Autocast's
+// cache of 16-bit weights is off for the capture, as PyTorch advises for graphs.
+void scaling_step_graphed([[maybe_unused]] benchmark::State& state,
+                          [[maybe_unused]] const c10::Device& device) {
+#ifdef GPU_LESSONS_WITH_CUDA
+  const int precision = static_cast<int>(state.range(0));
+  const std::int64_t width = state.range(1), batch = state.range(2);
+  state.SetLabel(std::string(kPrecisions[precision]) + " graphed");
+  torch::manual_seed(1);
+  WideAnn model(width);
+  model->to(device);
+  const std::vector<torch::Tensor> params = model->parameters();
+  std::vector<torch::Tensor> grads, exp_avg, exp_avg_sq, steps;
+  for (const torch::Tensor& p : params) {
+    grads.push_back(p.mutable_grad() = torch::zeros_like(p));
+    exp_avg.push_back(torch::zeros_like(p));
+    exp_avg_sq.push_back(torch::zeros_like(p));
+    steps.push_back(torch::zeros({}, p.options()));
+  }
+  const auto on = torch::TensorOptions().device(device);
+  const torch::Tensor images = torch::rand({batch, 784}, on);
+  const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
+  AllowTf32 tf32(precision == 1);
+  const auto step = [&] {
+    for (torch::Tensor& g : grads) g.zero_();
+    torch::Tensor loss;
+    {
+      lesson08::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/precision == 2);
+      loss = torch::nn::functional::cross_entropy(model->forward(images), labels);
+    }
+    loss.backward();
+    torch::NoGradGuard no_grad;  // Adam writes the parameters in place
+    for (torch::Tensor& s : steps) s.add_(1);
+    at::_fused_adam_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps,
+                     /*lr=*/1e-3, /*beta1=*/0.9, /*beta2=*/0.999, /*weight_decay=*/0,
+                     /*eps=*/1e-8, /*amsgrad=*/false, /*maximize=*/false);
+  };
+  at::cuda::CUDAGraph graph;
+  c10::cuda::device_synchronize();
+  {
+    c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool(false, device.index()));
+    for (int i = 0; i < 3; ++i) step();
+    c10::cuda::device_synchronize();  // the capture starts from a GPU with nothing queued
+    const bool cached = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    graph.capture_begin();  // from here kernels are recorded, not run
+    step();
+    graph.capture_end();
+    at::autocast::set_autocast_cache_enabled(cached);
+  }
+  c10::cuda::device_synchronize();
+  bench::run_timed(state, device, [&] { graph.replay(); });
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["FLOP/s"] = benchmark::Counter(train_flops_per_sample(width) * batch,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+#endif
+}
+
 void BM_ScalingStepCpu(benchmark::State& state) { scaling_step(state, torch::kCPU); }
+// The CPU's step with `threads` LibTorch threads, whatever the cores: which count is the CPU's
+// fastest on this machine (a sandboxed server can wake a thread at a system call's cost, so more
+// threads are not always faster), and so what the CPU's rows above ran against.
+void BM_ScalingStepThreadsCpu(benchmark::State& state) {
+  course::CpuThreads threads(static_cast<int>(state.range(3)));
+  scaling_step(state, torch::kCPU);
+}
 void BM_ScalingStepCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (bench::gpu_or_skip(state, device)) scaling_step(state, device);
+}
+void BM_ScalingStepGraphedCuda(benchmark::State& state) {
+  c10::Device device(torch::kCPU);
+  if (bench::gpu_or_skip(state, device)) scaling_step_graphed(state, device);
 }
 
 // ---- the device's matrix-product peak, per precision -------------------------------------------
@@ -119,9 +205,13 @@ void BM_PeakMatmulCuda(benchmark::State& state) {
 
 }  // namespace
 
-// The CPU runs the GPU's cases but TF32 (its largest, a 4096-wide step of batch 4096, is about
-// 0.3 TFLOP: a second or more on a few cores), so that each GPU figure has the same machine's CPU
-// beside it.
+// The GPU's sizes go on until its bf16 step is bound by its products, not its launches: the
+// largest is long enough for a graph and the eager loop to take the same time. The CPU runs the
+// GPU's cases up to 4096 but TF32 (a 4096-wide step of batch 4096 is about 0.3 TFLOP: a second
+// or more on a few cores). The CPU's slowest cases come last, so that a run cut short by its time
+// budget loses them rather than the GPU's rows: the largest, 8192 of 8192 (about 1.9 TFLOP), in
+// fp32 and bf16, so that the GPU's largest has the same machine's CPU beside it, and the thread
+// counts.
 BENCHMARK(BM_ScalingStepCpu)
     ->ArgNames({"precision", "width", "batch"})
     ->ArgsProduct({{0, 2}, {128, 512, 1024, 4096}, {64, 256, 1024, 4096}})
@@ -129,7 +219,12 @@ BENCHMARK(BM_ScalingStepCpu)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScalingStepCuda)
     ->ArgNames({"precision", "width", "batch"})
-    ->ArgsProduct({{0, 1, 2}, {128, 512, 1024, 4096}, {64, 256, 1024, 4096}})
+    ->ArgsProduct({{0, 1, 2}, {128, 512, 1024, 4096, 8192}, {64, 256, 1024, 4096, 8192}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScalingStepGraphedCuda)
+    ->ArgNames({"precision", "width", "batch"})
+    ->ArgsProduct({{0, 1, 2}, {128, 512, 1024, 4096, 8192}, {64, 256, 1024, 4096, 8192}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PeakMatmulCpu)
@@ -140,5 +235,17 @@ BENCHMARK(BM_PeakMatmulCpu)
 BENCHMARK(BM_PeakMatmulCuda)
     ->ArgNames({"precision", "n"})
     ->ArgsProduct({{0, 1, 2}, {8192}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScalingStepCpu)
+    ->ArgNames({"precision", "width", "batch"})
+    ->Args({0, 8192, 8192})
+    ->Args({2, 8192, 8192})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScalingStepThreadsCpu)
+    ->ArgNames({"precision", "width", "batch", "threads"})
+    ->ArgsProduct({{0}, {1024}, {1024}, {1, 4, 8, 16}})
+    ->ArgsProduct({{0}, {4096}, {4096}, {1, 4, 8, 16}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

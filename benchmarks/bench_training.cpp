@@ -256,7 +256,7 @@ BENCHMARK(BM_TrainStepCpu)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TrainStepThreadsCpu)
     ->ArgNames({"threads", "batch"})
-    ->ArgsProduct({{1, 2, 4, 16}, {64, 1024}})
+    ->ArgsProduct({{1, 2, 4, 8, 16}, {64, 1024}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TrainStepCuda)

@@ -215,6 +215,100 @@ class PlotBenchmarks(Scratch):
         self.assertEqual(len(glob.glob(self.path("cut", "plots", "*.svg"))), drawn - 1, out)
 
 
+class ScalingTable(Scratch):
+    """scripts/scaling-table: the recorded table is what the recorded GPU run makes (--check); each
+    row's speed-ups are the CPU's median over the GPU's, and the first batch where the GPU
+    overtakes the CPU is the first whose GPU step is faster; graphed rows and a thread sweep are
+    read when the run has them; a CPU-only run or a cut file is an error with a HINT."""
+
+    RECORDED = os.path.join(ROOT, "docs", "benchmarks", "gpu")
+
+    def table(self, *args):
+        return run([sys.executable, os.path.join(SCRIPTS, "scaling-table"), *args])
+
+    def medians(self, path):
+        with open(path) as f:
+            rows = json.load(f)["benchmarks"]
+        return {r["run_name"]: r["real_time"] for r in rows if r.get("aggregate_name") == "median"}
+
+    def test_the_recorded_table_is_the_recorded_runs(self):
+        code, out = self.table("--check", self.RECORDED)
+        self.assertEqual(code, 0, out)
+
+    def test_ratios_and_crossovers(self):
+        medians = self.medians(os.path.join(self.RECORDED, "bench_scaling.json"))
+        shutil.copy(os.path.join(self.RECORDED, "bench_scaling.json"), self.tmp)
+        code, out = self.table(self.tmp)
+        self.assertEqual(code, 0, out)
+        with open(self.path("scaling-ratios.txt")) as f:
+            text = f.read()
+        checked = 0
+        for line in text.splitlines():
+            cells = line.split()
+            if len(cells) != 8 or cells[0] not in ("fp32", "bf16"):
+                continue
+            name = f"precision:{0 if cells[0] == 'fp32' else 2}/width:{cells[1]}/batch:{cells[2]}"
+            cpu = medians.get(f"BM_ScalingStepCpu/{name}/manual_time")
+            gpu = medians.get(f"BM_ScalingStepCuda/{name}/manual_time")
+            self.assertEqual(cells[6], f"{cpu / gpu:.1f}x" if cpu and gpu else "-", line)
+            checked += 1
+        both = [n for n in medians if n.startswith("BM_ScalingStepCuda/precision:")
+                and not n.startswith("BM_ScalingStepCuda/precision:1/")]
+        self.assertEqual(checked, len(both), text)  # a row for every fp32 and bf16 GPU case
+        batches = [64, 256, 1024, 4096]
+        over = [b for b in batches if medians[f"BM_ScalingStepCuda/precision:0/width:128/batch:{b}"
+                                              f"/manual_time"]
+                < medians[f"BM_ScalingStepCpu/precision:0/width:128/batch:{b}/manual_time"]]
+        self.assertIn(f"fp32 width 128: eager: batch {over[0]};", text)
+
+    def test_graphed_rows_and_a_thread_sweep(self):
+        with open(os.path.join(self.RECORDED, "bench_scaling.json")) as f:
+            run_ = json.load(f)
+        more = []
+        for row in run_["benchmarks"]:
+            if row["run_name"].startswith("BM_ScalingStepCuda/"):  # a graph at half the time
+                more.append({**row, "run_name": row["run_name"].replace("Cuda", "GraphedCuda"),
+                             "name": row["name"].replace("Cuda", "GraphedCuda"),
+                             "real_time": row["real_time"] / 2, "FLOP/s": row["FLOP/s"] * 2})
+        for threads, ms in ((1, 40.0), (4, 12.0), (8, 9.0), (16, 10.0)):
+            name = (f"BM_ScalingStepThreadsCpu/precision:0/width:1024/batch:1024/"
+                    f"threads:{threads}/manual_time")
+            more.append({"name": name + "_median", "run_name": name, "run_type": "aggregate",
+                         "aggregate_name": "median", "real_time": ms, "time_unit": "ms"})
+        run_["benchmarks"] += more
+        with open(self.path("bench_scaling.json"), "w") as f:
+            json.dump(run_, f)
+        code, out = self.table(self.tmp)
+        self.assertEqual(code, 0, out)
+        with open(self.path("scaling-ratios.txt")) as f:
+            text = f.read()
+        medians = self.medians(os.path.join(self.RECORDED, "bench_scaling.json"))
+        cpu = medians["BM_ScalingStepCpu/precision:0/width:4096/batch:4096/manual_time"]
+        gpu = medians["BM_ScalingStepCuda/precision:0/width:4096/batch:4096/manual_time"]
+        self.assertRegex(text, rf"fp32 +4096 +4096 .* {cpu / gpu:.1f}x +{2 * cpu / gpu:.1f}x\n")
+        bf16 = [tuple(int(p.split(":")[1]) for p in n.split("/")[2:4]) for n in medians
+                if n.startswith("BM_ScalingStepCuda/precision:2/")]
+        width, batch = max(bf16, key=lambda wb: (wb[0] * wb[1], wb[0]))
+        self.assertRegex(text, rf"largest bf16 step \(width {width}, batch {batch}\), graphed: "
+                               r".* % of")
+        self.assertIn("1: 40.0 ms, 4: 12.0 ms, 8: 9.0 ms, 16: 10.0 ms; fastest with 8", text)
+
+    def test_a_cpu_run_and_a_cut_file_are_refused(self):
+        shutil.copy(os.path.join(ROOT, "docs", "benchmarks", "cpu", "bench_scaling.json"), self.tmp)
+        code, out = self.table(self.tmp)
+        self.assertEqual(code, 1, out)
+        self.assertIn("holds no GPU step", out)
+        with open(os.path.join(self.RECORDED, "bench_scaling.json")) as f:
+            head = f.read(3000)
+        with open(self.path("bench_scaling.json"), "w") as f:
+            f.write(head)
+        code, out = self.table(self.tmp)
+        self.assertEqual(code, 1, out)
+        self.assertIn("HINT", out)
+        self.assertNotIn("Traceback", out)
+        self.assertFalse(os.path.exists(self.path("scaling-ratios.txt")))
+
+
 class RunBenchmarks(Scratch):
     """scripts/run-benchmarks --budget runs every program's cases once, then again with
     repetitions while time is left, and each JSON says how many repetitions it holds; --programs
