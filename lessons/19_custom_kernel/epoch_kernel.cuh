@@ -287,7 +287,9 @@ EPOCH_DEVICE void parameter_phase(const EpochArgs& args, const Step& s, float* s
   const Adam adam = adam_for(args.lr, adam_step);
   // The work items, layer after layer: for each group of 4 outputs, its columns (inputs, then
   // the bias); neighbouring threads take neighbouring columns, so reads of a and of the
-  // parameters are 32 neighbouring floats a warp.
+  // parameters are 32 neighbouring floats a warp. One numbering runs through the three layers:
+  // `item` is this thread's next number, kept from one layer to the next (so the loop has no
+  // first clause), and layer_first the number where the layer starts.
   const std::int64_t threads = static_cast<std::int64_t>(gridDim.x) * kThreads;
   std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   std::int64_t layer_first = 0;

@@ -119,7 +119,6 @@ void check_inputs(const at::Tensor& parameters, const at::Tensor& gradients,
     }
   }
 }
-//! [checks]
 
 // The values that index memory, checked on the CPU. (On CUDA the kernel checks each index as it
 // reads it: reading them here would make the host wait for the GPU.)
@@ -134,6 +133,7 @@ void check_indices(const at::Tensor& images, const at::Tensor& labels, const at:
       "train_epoch: labels must be classes 0..", kClasses - 1, ", and they hold ",
       lowest_label.item<std::int64_t>(), "..", highest_label.item<std::int64_t>());
 }
+//! [checks]
 
 // The host's clock in nanoseconds, for the phases' times on the CPU.
 std::int64_t host_ns() {
