@@ -19,6 +19,7 @@
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
 #include "checkpoint_cli.h"
+#include "checkpoint_zip.h"
 #include "program_run.h"
 #include "scratch_files.h"
 
@@ -34,33 +35,6 @@ const torch::Device kCpu(torch::kCPU);
 std::unique_ptr<torch::optim::Adam> adam_for(ANN& model) {
   return std::make_unique<torch::optim::Adam>(model->parameters(),
                                               torch::optim::AdamOptions(lesson10::kLearningRate));
-}
-
-// Copies the zip at `from` to `to` with every storage's recorded device changed from "cpu" to
-// "cuda:0", as a GPU run records it (the string is pickled once and referred to after that).
-void tag_storages_cuda(const std::string& from, const std::string& to) {
-  caffe2::serialize::PyTorchStreamReader in(from);
-  caffe2::serialize::PyTorchStreamWriter out(to);
-  const std::string cpu(
-      "X\x03\x00\x00\x00"
-      "cpu",
-      8),
-      cuda(
-          "X\x06\x00\x00\x00"
-          "cuda:0",
-          11);
-  for (const std::string& name : in.getAllRecords()) {
-    if (name == "version" || name == ".data/version") continue;  // the writer adds its own
-    auto [data, size] = in.getRecord(name);
-    std::string bytes(static_cast<const char*>(data.get()), size);
-    if (name == "data.pkl") {
-      const std::size_t at = bytes.find(cpu);
-      ASSERT_NE(at, std::string::npos);
-      bytes.replace(at, cpu.size(), cuda);
-    }
-    out.writeRecord(name, bytes.data(), bytes.size());
-  }
-  out.writeEndOfFile();
 }
 
 // A model on the CPU from the lesson's seed, trained one epoch on the first kSamples images with

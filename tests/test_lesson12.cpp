@@ -19,6 +19,7 @@
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
 #include "checkpoint_cli.h"
+#include "checkpoint_zip.h"
 #include "program_run.h"
 #include "scratch_files.h"
 
@@ -328,33 +329,6 @@ TEST_F(CheckpointTest, CorruptionSweep) {
   damage_everywhere(bytes, damaged, try_load);
   EXPECT_EQ(refused + loaded, kDamagedCopies);
   std::printf("corruption sweep: %d refused, %d loaded the saved run\n", refused, loaded);
-}
-
-// Copies the zip at `from` to `to` with every storage's recorded device changed from "cpu" to
-// "cuda:0", as a GPU run records it (the string is pickled once and referred to after that).
-void tag_storages_cuda(const std::string& from, const std::string& to) {
-  caffe2::serialize::PyTorchStreamReader in(from);
-  caffe2::serialize::PyTorchStreamWriter out(to);
-  const std::string cpu(
-      "X\x03\x00\x00\x00"
-      "cpu",
-      8),
-      cuda(
-          "X\x06\x00\x00\x00"
-          "cuda:0",
-          11);
-  for (const std::string& name : in.getAllRecords()) {
-    if (name == "version" || name == ".data/version") continue;  // the writer adds its own
-    auto [data, size] = in.getRecord(name);
-    std::string bytes(static_cast<const char*>(data.get()), size);
-    if (name == "data.pkl") {
-      const std::size_t at = bytes.find(cpu);
-      ASSERT_NE(at, std::string::npos);
-      bytes.replace(at, cpu.size(), cuda);
-    }
-    out.writeRecord(name, bytes.data(), bytes.size());
-  }
-  out.writeEndOfFile();
 }
 
 // Copies the zip at `from` to `to` with out.bias's stride pickled as 2 instead of 1: its 10
