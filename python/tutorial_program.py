@@ -134,6 +134,11 @@ def export_package(model, device, path, accuracy):
         os.fsync(written.fileno())  # on the disk before it takes the name (lesson 12's rule)
     os.replace(partial, path)
     os.rmdir(folder)
+    place = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(place)  # the rename on the disk too: the folder records it (lesson 12's rule)
+    finally:
+        os.close(place)
 # [export]
 
 
