@@ -67,6 +67,37 @@ class AllowTf32 {
 };
 
 // ---- one training step, the width and the batch grown -------------------------------------------
+// What the eager step and the graphed one share: the model from one seed, a batch of random
+// images and labels on the device, the forward pass and loss, and the counters.
+WideAnn seeded_model(std::int64_t width, const c10::Device& device) {
+  torch::manual_seed(1);
+  WideAnn model(width);
+  model->to(device);
+  return model;
+}
+
+struct Batch {
+  torch::Tensor images, labels;
+};
+Batch random_batch(std::int64_t batch, const c10::Device& device) {
+  const auto on = torch::TensorOptions().device(device);
+  return {torch::rand({batch, 784}, on), torch::randint(10, {batch}, on.dtype(torch::kLong))};
+}
+
+// with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16): forward and loss
+torch::Tensor step_loss(WideAnn& model, const Batch& batch, int precision) {
+  lesson08::Autocast autocast(batch.images.device().type(), torch::kBFloat16,
+                              /*enabled=*/precision == 2);
+  return torch::nn::functional::cross_entropy(model->forward(batch.images), batch.labels);
+}
+
+// Samples/s and the achieved FLOP/s of steps of `batch` samples at `width`.
+void count_steps(benchmark::State& state, std::int64_t width, std::int64_t batch) {
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["FLOP/s"] = benchmark::Counter(train_flops_per_sample(width) * batch,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void scaling_step(benchmark::State& state, const c10::Device& device) {
   const int precision = static_cast<int>(state.range(0));
   const std::int64_t width = state.range(1), batch = state.range(2);
@@ -75,27 +106,16 @@ void scaling_step(benchmark::State& state, const c10::Device& device) {
     return;
   }
   state.SetLabel(kPrecisions[precision]);
-  torch::manual_seed(1);
-  WideAnn model(width);
-  model->to(device);
+  WideAnn model = seeded_model(width, device);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
-  const auto on = torch::TensorOptions().device(device);
-  const torch::Tensor images = torch::rand({batch, 784}, on);
-  const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
+  const Batch data = random_batch(batch, device);
   AllowTf32 tf32(precision == 1);
   bench::run_timed(state, device, [&] {
     adam.zero_grad();
-    torch::Tensor loss;
-    {  // with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16): forward and loss
-      lesson08::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/precision == 2);
-      loss = torch::nn::functional::cross_entropy(model->forward(images), labels);
-    }
-    loss.backward();
+    step_loss(model, data, precision).backward();
     adam.step();
   });
-  state.SetItemsProcessed(state.iterations() * batch);
-  state.counters["FLOP/s"] = benchmark::Counter(train_flops_per_sample(width) * batch,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  count_steps(state, width, batch);
 }
 
 // The same step in one CUDA graph, replayed: warm-up steps on a side stream (cuBLAS's handles and
@@ -110,9 +130,7 @@ void scaling_step_graphed([[maybe_unused]] benchmark::State& state,
   const int precision = static_cast<int>(state.range(0));
   const std::int64_t width = state.range(1), batch = state.range(2);
   state.SetLabel(std::string(kPrecisions[precision]) + " graphed");
-  torch::manual_seed(1);
-  WideAnn model(width);
-  model->to(device);
+  WideAnn model = seeded_model(width, device);
   const std::vector<torch::Tensor> params = model->parameters();
   std::vector<torch::Tensor> grads, exp_avg, exp_avg_sq, steps;
   for (const torch::Tensor& p : params) {
@@ -121,18 +139,11 @@ void scaling_step_graphed([[maybe_unused]] benchmark::State& state,
     exp_avg_sq.push_back(torch::zeros_like(p));
     steps.push_back(torch::zeros({}, p.options()));
   }
-  const auto on = torch::TensorOptions().device(device);
-  const torch::Tensor images = torch::rand({batch, 784}, on);
-  const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
+  const Batch data = random_batch(batch, device);
   AllowTf32 tf32(precision == 1);
   const auto step = [&] {
     for (torch::Tensor& g : grads) g.zero_();
-    torch::Tensor loss;
-    {
-      lesson08::Autocast autocast(device.type(), torch::kBFloat16, /*enabled=*/precision == 2);
-      loss = torch::nn::functional::cross_entropy(model->forward(images), labels);
-    }
-    loss.backward();
+    step_loss(model, data, precision).backward();
     torch::NoGradGuard no_grad;  // Adam writes the parameters in place
     for (torch::Tensor& s : steps) s.add_(1);
     at::_fused_adam_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps,
@@ -154,9 +165,7 @@ void scaling_step_graphed([[maybe_unused]] benchmark::State& state,
   }
   c10::cuda::device_synchronize();
   bench::run_timed(state, device, [&] { graph.replay(); });
-  state.SetItemsProcessed(state.iterations() * batch);
-  state.counters["FLOP/s"] = benchmark::Counter(train_flops_per_sample(width) * batch,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  count_steps(state, width, batch);
 #endif
 }
 
