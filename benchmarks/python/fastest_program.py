@@ -25,22 +25,15 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from tutorial_program import ANN, read_idx  # noqa: E402  (the tutorial's model, the IDX reader)
+from tutorial_program import ANN  # noqa: E402  (the tutorial's model)
+from training_loop import load  # noqa: E402  (a split resident on the device, beside this file)
 
 BATCH_SIZE = 64   # the tutorial's DataLoader(batch_size=64)
 LR = 0.001        # optim.Adam(model.parameters(), lr=0.001)
 ACCURACY_BAR = 0.85  # lesson 05's, after 5 epochs
-
-
-def load(folder, prefix, device):
-    """One split, resident on the device: images as rows of 784 floats in [0, 1], labels int64."""
-    images = read_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"))
-    return images.reshape(-1, 784).float().div(255).to(device), labels.long().to(device)
 
 
 def main():

@@ -10,28 +10,24 @@ Needs PyTorch and Fashion-MNIST; run it with the Python whose torch is the C++ b
 (scripts/yardstick does: Debian's python3-torch for the debian flavour, .venv for 2.11).
 """
 import argparse
-import gzip
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from tutorial_program import read_idx  # noqa: E402  (the IDX reader; a missing file named)
 
 
-def load(folder, prefix):
+def load(folder, prefix, device):
+    """One split, resident on the device: images as rows of 784 floats in [0, 1], labels int64."""
     images = read_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"))
     labels = read_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"))
-    return images.reshape(-1, 784).float().div_(255), labels.long()
+    return images.reshape(-1, 784).float().div_(255).to(device), labels.long().to(device)
 
 
 def main():
@@ -46,8 +42,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # the C++ lessons use all cores too
     device = torch.device(args.device)
-    train_x, train_y = (t.to(device) for t in load(args.data_dir, "train"))
-    test_x, test_y = (t.to(device) for t in load(args.data_dir, "t10k"))
+    train_x, train_y = load(args.data_dir, "train", device)
+    test_x, test_y = load(args.data_dir, "t10k", device)
 
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
