@@ -11,6 +11,8 @@ build; and what a class needs besides). A class that cannot run here skips (unit
   LabsGraded      every lab's starter fails scripts/grade-lab, a lesson passes it
   MakePages       scripts/make-pages: a page whose quoted transcript changed fails --check
                   until --reread records it as read
+  LessonTables    the README's and the main page's tables of lessons list the registry's
+                  lessons (lessons/CMakeLists.txt), in order, each with its program and page
   FlavourChoice   scripts/flavour.sh: auto on a machine with an NVIDIA GPU and no PyTorch is the
                   CUDA flavour, and a missing or mismatched CUDA toolkit is named before anything
                   is downloaded
@@ -52,6 +54,38 @@ class Scratch(unittest.TestCase):
 
     def path(self, *parts):
         return os.path.join(self.tmp, *parts)
+
+
+class LessonTables(unittest.TestCase):
+    """The tables of lessons written by hand, in the README (program and page of each) and on the
+    main page (the page of each, core lessons then going further), name the lessons the build's
+    registry has (gpu_lessons_add_lesson in lessons/CMakeLists.txt), each once, in order, and
+    every page they link exists: a lesson added, split or renumbered fails here until both
+    tables say so."""
+
+    def setUp(self):
+        with open(os.path.join(ROOT, "lessons", "CMakeLists.txt")) as f:
+            self.lessons = re.findall(r"(?m)^gpu_lessons_add_lesson\(([0-9]{2}_[a-z0-9_]+)", f.read())
+        self.assertTrue(self.lessons, "no gpu_lessons_add_lesson call in lessons/CMakeLists.txt")
+
+    def rows(self, path):
+        """Each table row of PATH whose first cell is a lesson's number: (number, the row)."""
+        with open(os.path.join(ROOT, path)) as f:
+            return re.findall(r"(?m)^\| ([0-9]{2}) \|(.*)\|$", f.read())
+
+    def test_readme(self):
+        rows = self.rows("README.md")
+        self.assertEqual([n for n, _ in rows], [lesson[:2] for lesson in self.lessons])
+        for (number, row), lesson in zip(rows, self.lessons):
+            self.assertIn(f"`lesson{lesson}`", row, f"README, lesson {number}: its program")
+            self.assertIn(f"`docs/lessons/{lesson}.md`", row, f"README, lesson {number}: its page")
+            self.assertTrue(os.path.isfile(os.path.join(ROOT, "docs", "lessons", lesson + ".md")))
+
+    def test_main_page(self):
+        rows = self.rows(os.path.join("docs", "mainpage.md"))
+        self.assertEqual([n for n, _ in rows], [lesson[:2] for lesson in self.lessons])
+        for (number, row), lesson in zip(rows, self.lessons):
+            self.assertIn(f"](lessons/{lesson}.md)", row, f"main page, lesson {number}: its page")
 
 
 class MakePages(Scratch):
