@@ -57,6 +57,7 @@ bool find(Nvml& nvml, F& function, const char* name) {
   return function != nullptr;
 }
 
+//! [nvml-load]
 // Loaded and initialised once; never unloaded (NVML's own threads may outlive a dlclose).
 const Nvml& nvml() {
   static const Nvml instance = [] {
@@ -84,6 +85,7 @@ const Nvml& nvml() {
   }();
   return instance;
 }
+//! [nvml-load]
 
 std::string failed(const Nvml& n, const char* what, nvmlReturn_t status) {
   return std::string(what) + " failed: " + n.error_string(status);
@@ -156,6 +158,7 @@ SmiView smi_view(const c10::Device& device) {
   return view;
 }
 
+//! [watch-thread]
 SmiWatch::SmiWatch(const c10::Device& device, std::chrono::milliseconds period, std::ostream& out)
     : thread_([this, device, period, &out] { run(device, period, out); }) {}
 
@@ -201,6 +204,7 @@ void SmiWatch::run(c10::Device device, std::chrono::milliseconds period, std::os
     wake_.wait_for(lock, period, [this] { return stop_; });
   }
 }
+//! [watch-thread]
 
 MemGetInfo mem_get_info(const c10::Device& device) {
   MemGetInfo memory;
