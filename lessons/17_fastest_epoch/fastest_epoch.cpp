@@ -216,42 +216,54 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   ANN& model = trainer.model;
   const std::int64_t rows = x.size(0);
   StepBuffers& b = buffers_for(trainer, rows);
+  // Each call below names its arguments as ATen declares them (/*name=*/); the first, unnamed, is
+  // the `out` an _out operator writes into. In Python: torch.addmm(self, mat1, mat2, out=out).
   // >>> lab: the forward pass: each Linear + ReLU as one operator, into b.h1 and b.h2
-  at::_addmm_activation_out(b.h1, model->fc1->bias, x, trainer.fc1_t);  // relu(x W1^T + b1)
-  at::_addmm_activation_out(b.h2, model->fc2->bias, b.h1, trainer.fc2_t);
+  at::_addmm_activation_out(b.h1, /*self=*/model->fc1->bias, /*mat1=*/x, /*mat2=*/trainer.fc1_t);
+  at::_addmm_activation_out(b.h2, /*self=*/model->fc2->bias, /*mat1=*/b.h1,
+                            /*mat2=*/trainer.fc2_t);  // h2 = relu(h1 W2^T + b2)
   // <<< lab
-  torch::addmm_out(b.logits, model->out->bias, b.h2, trainer.out_t);
-  at::_log_softmax_out(b.log_probs, b.logits, /*dim=*/1, /*half_to_float=*/false);
-  at::nll_loss_forward_out(loss_out, b.total_weight, b.log_probs, labels, /*weight=*/{},
-                           at::Reduction::Mean, /*ignore_index=*/-100);  // = cross_entropy
+  torch::addmm_out(b.logits, /*self=*/model->out->bias, /*mat1=*/b.h2, /*mat2=*/trainer.out_t);
+  at::_log_softmax_out(b.log_probs, /*self=*/b.logits, /*dim=*/1, /*half_to_float=*/false);
+  at::nll_loss_forward_out(loss_out, /*total_weight=*/b.total_weight, /*self=*/b.log_probs,
+                           /*target=*/labels, /*weight=*/{}, /*reduction=*/at::Reduction::Mean,
+                           /*ignore_index=*/-100);  // F.nll_loss: with log_softmax, cross_entropy
   // Backward written out (loss.backward()'s work): for y = h W^T + b and d = dL/dy, dW = d^T h,
   // db = d's rows summed, dh = d W; ReLU passes d where its output > 0. The loss's d, times B (the
   // 1/B rides on the products' alpha), is softmax - one_hot(labels), in two operators:
   // >>> lab: b.d_out = softmax - one_hot(labels), in two operators (exp_out, scatter_add_)
   at::exp_out(b.d_out, b.log_probs);
-  b.d_out.scatter_add_(/*dim=*/1, labels.view({-1, 1}), b.minus_ones);
+  b.d_out.scatter_add_(/*dim=*/1, /*index=*/labels.view({-1, 1}), /*src=*/b.minus_ones);
   // <<< lab
   const double inv_rows = 1.0 / static_cast<double>(rows);
-  torch::Tensor grad;  // `grad = p.grad()` names a view into the flat gradients; the call fills it
-  at::addmm_out(grad = model->out->weight.grad(), grad, b.d_out_t, b.h2, /*beta=*/0, inv_rows);
-  at::addmv_out(grad = model->out->bias.grad(), grad, b.d_out_t, b.ones, /*beta=*/0, inv_rows);
-  at::addmm_out(b.d_h2, b.d_h2, b.d_out, model->out->weight, /*beta=*/0, inv_rows);
-  at::threshold_backward_out(b.d_h2, b.d_h2, b.h2, /*threshold=*/0);  // ReLU's backward: h2 > 0
-  torch::mm_out(grad = model->fc2->weight.grad(), b.d_h2_t, b.h1);    // dL/dW2 = d_h2^T h1
-  torch::sum_out(grad = model->fc2->bias.grad(), b.d_h2, /*dim=*/0);  // dL/db2
-  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);                  // dL/dh1 = d_h2 W2
-  at::threshold_backward_out(b.d_h1, b.d_h1, b.h1, /*threshold=*/0);  // h1 > 0
-  torch::mm_out(grad = model->fc1->weight.grad(), b.d_h1_t, x);       // dL/dW1 = d_h1^T x (x: none)
-  torch::sum_out(grad = model->fc1->bias.grad(), b.d_h1, /*dim=*/0);  // dL/db1
+  // Each parameter's gradient, a view into the one flat gradient tensor: the products write into
+  // them (an _out operator needs a tensor it may write, which .grad() alone does not give).
+  torch::Tensor d_w3 = model->out->weight.grad(), d_b3 = model->out->bias.grad();
+  torch::Tensor d_w2 = model->fc2->weight.grad(), d_b2 = model->fc2->bias.grad();
+  torch::Tensor d_w1 = model->fc1->weight.grad(), d_b1 = model->fc1->bias.grad();
+  // out = beta * self + alpha * (mat1 @ mat2); beta 0 ignores self, alpha is the 1/B.
+  at::addmm_out(d_w3, /*self=*/d_w3, b.d_out_t, b.h2, /*beta=*/0, /*alpha=*/inv_rows);
+  at::addmv_out(d_b3, /*self=*/d_b3, b.d_out_t, b.ones, /*beta=*/0, /*alpha=*/inv_rows);
+  at::addmm_out(b.d_h2, /*self=*/b.d_h2, b.d_out, model->out->weight, /*beta=*/0, inv_rows);
+  at::threshold_backward_out(b.d_h2, /*grad_output=*/b.d_h2, /*self=*/b.h2, /*threshold=*/0);
+  torch::mm_out(d_w2, b.d_h2_t, b.h1);                  // dL/dW2 = d_h2^T h1
+  torch::sum_out(d_b2, b.d_h2, /*dim=*/0);              // dL/db2
+  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);    // dL/dh1 = d_h2 W2
+  at::threshold_backward_out(b.d_h1, /*grad_output=*/b.d_h1, /*self=*/b.h1, /*threshold=*/0);
+  torch::mm_out(d_w1, b.d_h1_t, x);                     // dL/dW1 = d_h1^T x (x: no gradient)
+  torch::sum_out(d_b1, b.d_h1, /*dim=*/0);              // dL/db1
   if (!has_fused_adam(x.device())) {
     trainer.optimizer->step();  // LibTorch's Adam over the one flat tensor
     return;
   }
   // >>> lab: Adam in one operator: count the step on the device, then at::_fused_adam_
   trainer.step.add_(1);  // the step count on the device: a graph replays this, not a host number
-  at::_fused_adam_({trainer.flat.values}, {trainer.flat.gradients}, {trainer.exp_avg},
-                   {trainer.exp_avg_sq}, /*max_exp_avg_sqs=*/{}, {trainer.step}, kLearningRate,
-                   kBeta1, kBeta2, /*weight_decay=*/0, kEpsilon, /*amsgrad=*/false,
+  // Every argument a list of tensors, one per parameter tensor (here the one flat tensor):
+  at::_fused_adam_(/*self (the parameters)=*/{trainer.flat.values},
+                   /*grads=*/{trainer.flat.gradients}, /*exp_avgs=*/{trainer.exp_avg},
+                   /*exp_avg_sqs=*/{trainer.exp_avg_sq}, /*max_exp_avg_sqs=*/{},
+                   /*state_steps=*/{trainer.step}, /*lr=*/kLearningRate, /*beta1=*/kBeta1,
+                   /*beta2=*/kBeta2, /*weight_decay=*/0, /*eps=*/kEpsilon, /*amsgrad=*/false,
                    /*maximize=*/false);
   // <<< lab
 }
