@@ -549,13 +549,13 @@ class FlavourChoice(Scratch):
 
 
 class LabsGraded(unittest.TestCase):
-    """For every lab scripts/make-labs makes, the untouched starter builds and fails
-    scripts/grade-lab (exit 1: built, some check failed); lesson 05's own folder passes it (exit
-    0). So the grader can neither pass an empty answer nor fail a right one. (The grader runs a
-    lesson's own tests, which each lesson passes in the suite this test belongs to: one lesson
-    graded shows the passing path.) And labs 05 and 11 done but for their moves (the batches, and
-    in 11 the model, stay on the host) fail, saying so: on a CPU-only machine, where such a
-    submission still trains. The labs build in GPU_LESSONS_LAB_BUILD, with clang where it is
+    """For every lab scripts/make-labs makes, the untouched starter builds and fails its checks
+    (scripts/grade-lab --starters, every starter built at once: exit 0, one line per lab);
+    lesson 05's own folder passes scripts/grade-lab (exit 0). So the grader can neither pass an
+    empty answer nor fail a right one. (The grader runs a lesson's own tests, which each lesson
+    passes in the suite this test belongs to: one lesson graded shows the passing path.) And labs
+    05 and 11 done but for their moves (the batches, and in 11 the model, stay on the host) fail,
+    saying so: on a CPU-only machine, where such a submission still trains. The labs build in GPU_LESSONS_LAB_BUILD, with clang where it is
     installed (the debian flavour's compiler: less than half the time g++ takes)."""
 
     LABS = os.environ.get("GPU_LESSONS_LAB_BUILD", "")
@@ -600,11 +600,17 @@ class LabsGraded(unittest.TestCase):
         self.grade(nn, copy, 1, "moving-nothing", *says)
 
     def test_starters_fail_and_a_lesson_passes(self):
-        shutil.rmtree(os.path.join(self.LABS, "starters"), ignore_errors=True)
-        code, out = run([os.path.join(SCRIPTS, "make-labs"), os.path.join(self.LABS, "starters")])
+        # Every starter, built at once (grade-lab --starters): each builds and fails its checks.
+        code, out = run([os.path.join(SCRIPTS, "grade-lab"), "--starters"], env=self.env)
+        with open(f"{self.LABS}.starters.log", "w") as f:
+            f.write(out)
+        print(out)
+        labs = sorted(os.path.basename(d)[:2] for d in glob.glob(
+            os.path.join(self.LABS, "starters", "[0-9][0-9]_*")))
+        self.assertTrue(labs, out)
         self.assertEqual(code, 0, out)
-        for lab in sorted(glob.glob(os.path.join(self.LABS, "starters", "[0-9][0-9]_*"))):
-            self.grade(os.path.basename(lab)[:2], "", 1, "starter")
+        for nn in labs:
+            self.assertRegex(out, rf"(?m)^lab {nn}: the starter builds and fails, as it should: ")
         self.grade("05", os.path.join(ROOT, "lessons", "05_training_loop"), 0, "lesson")
         # Lesson 05: the batches' features and labels left on the host, in training and evaluation.
         self.moves_nothing("05", "training_loop.cpp", 4,
