@@ -215,8 +215,8 @@ MemGetInfo mem_get_info(const c10::Device& device) {
     const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
     if (status != cudaSuccess) {
       (void)cudaGetLastError();  // clear it, or the next kernel launch would report it
-      TORCH_CHECK(false, "cudaMemGetInfo on ", device.str(), " failed: ",
-                  cudaGetErrorString(status));
+      TORCH_CHECK(false, "cudaMemGetInfo on ", device.str(),
+                  " failed: ", cudaGetErrorString(status));
     }
     memory.free = static_cast<std::int64_t>(free_bytes);
     memory.total = static_cast<std::int64_t>(total_bytes);

@@ -246,12 +246,12 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   at::addmv_out(d_b3, /*self=*/d_b3, b.d_out_t, b.ones, /*beta=*/0, /*alpha=*/inv_rows);
   at::addmm_out(b.d_h2, /*self=*/b.d_h2, b.d_out, model->out->weight, /*beta=*/0, inv_rows);
   at::threshold_backward_out(b.d_h2, /*grad_output=*/b.d_h2, /*self=*/b.h2, /*threshold=*/0);
-  torch::mm_out(d_w2, b.d_h2_t, b.h1);                  // dL/dW2 = d_h2^T h1
-  torch::sum_out(d_b2, b.d_h2, /*dim=*/0);              // dL/db2
-  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);    // dL/dh1 = d_h2 W2
+  torch::mm_out(d_w2, b.d_h2_t, b.h1);                // dL/dW2 = d_h2^T h1
+  torch::sum_out(d_b2, b.d_h2, /*dim=*/0);            // dL/db2
+  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);  // dL/dh1 = d_h2 W2
   at::threshold_backward_out(b.d_h1, /*grad_output=*/b.d_h1, /*self=*/b.h1, /*threshold=*/0);
-  torch::mm_out(d_w1, b.d_h1_t, x);                     // dL/dW1 = d_h1^T x (x: no gradient)
-  torch::sum_out(d_b1, b.d_h1, /*dim=*/0);              // dL/db1
+  torch::mm_out(d_w1, b.d_h1_t, x);         // dL/dW1 = d_h1^T x (x: no gradient)
+  torch::sum_out(d_b1, b.d_h1, /*dim=*/0);  // dL/db1
   if (!has_fused_adam(x.device())) {
     trainer.optimizer->step();  // LibTorch's Adam over the one flat tensor
     return;
