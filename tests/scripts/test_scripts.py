@@ -555,8 +555,9 @@ class LabsGraded(unittest.TestCase):
     empty answer nor fail a right one. (The grader runs a lesson's own tests, which each lesson
     passes in the suite this test belongs to: one lesson graded shows the passing path.) And labs
     05 and 11 done but for their moves (the batches, and in 11 the model, stay on the host) fail,
-    saying so: on a CPU-only machine, where such a submission still trains. The labs build in GPU_LESSONS_LAB_BUILD, with clang where it is
-    installed (the debian flavour's compiler: less than half the time g++ takes)."""
+    saying so: on a CPU-only machine, where such a submission still trains. The labs build in
+    GPU_LESSONS_LAB_BUILD, with clang where it is installed (the debian flavour's compiler: less
+    than half the time g++ takes)."""
 
     LABS = os.environ.get("GPU_LESSONS_LAB_BUILD", "")
 
@@ -566,11 +567,15 @@ class LabsGraded(unittest.TestCase):
         if shutil.which("clang++"):
             self.env["CXX"] = "clang++"
 
-    def grade(self, nn, folder, want, what, *says):
-        args = [os.path.join(SCRIPTS, "grade-lab"), nn] + ([folder] if folder else [])
-        code, out = run(args, env=self.env)
-        with open(f"{self.LABS}.{nn}.{what}.log", "w") as f:
+    def grader(self, name, *args):
+        """scripts/grade-lab ARGS: (exit code, output), the output kept in a log named NAME."""
+        code, out = run([os.path.join(SCRIPTS, "grade-lab"), *args], env=self.env)
+        with open(f"{self.LABS}.{name}.log", "w") as f:
             f.write(out)
+        return code, out
+
+    def grade(self, nn, folder, want, what, *says):
+        code, out = self.grader(f"{nn}.{what}", nn, *([folder] if folder else []))
         last = out.strip().splitlines()[-1] if out.strip() else "(nothing printed)"
         print(f"lab {nn}: {what} exit {code} (want {want}): {last}")
         with self.subTest(lab=nn, what=what):
@@ -601,9 +606,7 @@ class LabsGraded(unittest.TestCase):
 
     def test_starters_fail_and_a_lesson_passes(self):
         # Every starter, built at once (grade-lab --starters): each builds and fails its checks.
-        code, out = run([os.path.join(SCRIPTS, "grade-lab"), "--starters"], env=self.env)
-        with open(f"{self.LABS}.starters.log", "w") as f:
-            f.write(out)
+        code, out = self.grader("starters", "--starters")
         print(out)
         labs = sorted(os.path.basename(d)[:2] for d in glob.glob(
             os.path.join(self.LABS, "starters", "[0-9][0-9]_*")))
