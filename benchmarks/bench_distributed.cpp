@@ -4,20 +4,21 @@
 //   - all-reduce time and bandwidth against message size, 4 KiB .. 64 MiB (Gloo on the CPU; NCCL
 //     on the GPUs). algbw = bytes / time; busbw = algbw * 2(n-1)/n, the link traffic a ring
 //     all-reduce needs, comparable across world sizes (nccl-tests' convention);
-//   - lesson 09's training step (batch 64 per rank, the gradients' bucket all-reduced) for world size 1
+//   - lesson 09's training step (batch 64 per rank, the gradients' bucket all-reduced) for world
+//   size 1
 //     against 2. On the CPU each rank gets one core, so the two worlds use 1 and 2 cores.
 //
 // Run: build/bin/bench_distributed --benchmark_out=distributed.json --benchmark_out_format=json
 #include <ATen/Parallel.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
 #include <array>
 #include <atomic>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "bench.h"
-#include "common/cli.h"     // defines: available_cores
+#include "common/cli.h"  // defines: available_cores
 #include "common/device.h"
 
 // The lesson is one file with its own main(); the benchmark includes it for its functions.
@@ -46,9 +47,10 @@ c10::intrusive_ptr<course::CommGroup> group_for(benchmark::State& state,
 bool rank_device(benchmark::State& state, bool cuda, torch::Device& device) {
   if (cuda) {
     if (course::cuda_device_count() < state.threads()) {
-      state.SkipWithError(("needs " + std::to_string(state.threads()) + " GPU(s): " +
-                           (course::cuda_device_count() > 0 ? "fewer found" : course::why_no_cuda()))
-                              .c_str());
+      state.SkipWithError(
+          ("needs " + std::to_string(state.threads()) +
+           " GPU(s): " + (course::cuda_device_count() > 0 ? "fewer found" : course::why_no_cuda()))
+              .c_str());
       return false;
     }
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(state.thread_index()));
@@ -73,21 +75,23 @@ void guarded(benchmark::State& state, void (*body)(benchmark::State&, bool), boo
   }
 }
 
-// ---- all-reduce against message size -------------------------------------------------------------
+// ---- all-reduce against message size
+// -------------------------------------------------------------
 void allreduce(benchmark::State& state, bool cuda) {
   torch::Device device(torch::kCPU);
   if (!rank_device(state, cuda, device)) return;
   auto group = group_for(state, device);
   const std::int64_t bytes = state.range(0);
   torch::Tensor buffer = torch::ones({bytes / 4}, torch::TensorOptions().device(device));
-  bench::run_timed(state, device, [&] { lesson09::allreduce_sum(*group, buffer, kTimeout); },
-                   calls_per_sync(device));
+  bench::run_timed(
+      state, device, [&] { lesson09::allreduce_sum(*group, buffer, kTimeout); },
+      calls_per_sync(device));
   // Bytes per second, averaged over the ranks (each rank reduces the same buffer).
   const int n = state.threads();
   const auto per_rank = benchmark::Counter::Flags(benchmark::Counter::kIsIterationInvariantRate |
                                                   benchmark::Counter::kAvgThreads);
-  state.counters["algbw"] = benchmark::Counter(static_cast<double>(bytes), per_rank,
-                                               benchmark::Counter::kIs1024);
+  state.counters["algbw"] =
+      benchmark::Counter(static_cast<double>(bytes), per_rank, benchmark::Counter::kIs1024);
   state.counters["busbw"] = benchmark::Counter(static_cast<double>(bytes) * 2.0 * (n - 1) / n,
                                                per_rank, benchmark::Counter::kIs1024);
 }
@@ -104,21 +108,25 @@ void step(benchmark::State& state, bool cuda) {
   lesson09::ANN model;
   model->to(device);
   lesson09::broadcast_parameters(*group, model->parameters(), kTimeout);
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(lesson09::kLearningRate));
+  torch::optim::Adam optimizer(model->parameters(),
+                               torch::optim::AdamOptions(lesson09::kLearningRate));
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);
   const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  bench::run_timed(state, device, [&] {
-    optimizer.zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(images), labels).backward();
-    lesson09::allreduce_gradients(*group, model->parameters(), kTimeout);
-    optimizer.step();
-  }, calls_per_sync(device));
+  bench::run_timed(
+      state, device,
+      [&] {
+        optimizer.zero_grad();
+        torch::nn::functional::cross_entropy(model->forward(images), labels).backward();
+        lesson09::allreduce_gradients(*group, model->parameters(), kTimeout);
+        optimizer.step();
+      },
+      calls_per_sync(device));
   // Samples per second of the whole job: every rank takes `batch` samples per step.
-  state.counters["job_samples/s"] = benchmark::Counter(
-      static_cast<double>(batch * state.threads()),
-      benchmark::Counter::Flags(benchmark::Counter::kIsIterationInvariantRate |
-                                benchmark::Counter::kAvgThreads));
+  state.counters["job_samples/s"] =
+      benchmark::Counter(static_cast<double>(batch * state.threads()),
+                         benchmark::Counter::Flags(benchmark::Counter::kIsIterationInvariantRate |
+                                                   benchmark::Counter::kAvgThreads));
   if (!cuda) at::set_num_threads(course::available_cores());
 }
 void BM_StepGloo(benchmark::State& state) { guarded(state, step, false); }

@@ -1,12 +1,11 @@
 // bench_main.cpp: the main of every benchmark program: uses all cores, as the lessons do, and
 // records LibTorch's version, threads and GPU in the JSON context.
-#include "bench.h"
-
-#include <cstdlib>
-
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
+#include <cstdlib>
+
+#include "bench.h"
 #include "common/cli.h"
 #include "common/device.h"
 

@@ -21,8 +21,8 @@ void matmul(benchmark::State& state, const c10::Device& device) {
   const torch::Tensor b = torch::randn({n, n}, options);
   torch::Tensor c = torch::empty({n, n}, options);
   bench::run_timed(state, device, [&] { torch::mm_out(c, a, b); });
-  state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_MatmulCpu(benchmark::State& state) { matmul(state, torch::kCPU); }
@@ -69,14 +69,30 @@ void BM_SumOfSquaresCuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_SumOfSquaresCpu)->ArgNames({"way", "n"})->ArgsProduct({{0, 1, 2}, {1000, 10000}})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_SumOfSquaresCuda)->ArgNames({"way", "n"})->ArgsProduct({{0, 1, 2}, {1000, 10000}})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MatmulCpu)->ArgName("n")->RangeMultiplier(2)->Range(64, 4096)->UseManualTime()
+BENCHMARK(BM_SumOfSquaresCpu)
+    ->ArgNames({"way", "n"})
+    ->ArgsProduct({{0, 1, 2}, {1000, 10000}})
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MatmulCuda)->ArgName("n")->RangeMultiplier(2)->Range(64, 4096)->UseManualTime()
+BENCHMARK(BM_SumOfSquaresCuda)
+    ->ArgNames({"way", "n"})
+    ->ArgsProduct({{0, 1, 2}, {1000, 10000}})
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_CopyHostToDevice)->ArgNames({"bytes", "pinned"})
-    ->ArgsProduct({{1 << 20, 16 << 20, 256 << 20}, {0, 1}})->UseManualTime()
+BENCHMARK(BM_MatmulCpu)
+    ->ArgName("n")
+    ->RangeMultiplier(2)
+    ->Range(64, 4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MatmulCuda)
+    ->ArgName("n")
+    ->RangeMultiplier(2)
+    ->Range(64, 4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CopyHostToDevice)
+    ->ArgNames({"bytes", "pinned"})
+    ->ArgsProduct({{1 << 20, 16 << 20, 256 << 20}, {0, 1}})
+    ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

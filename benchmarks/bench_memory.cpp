@@ -13,7 +13,8 @@
 
 namespace {
 
-// ---- step time and peak memory against batch size --------------------------------------------------
+// ---- step time and peak memory against batch size
+// --------------------------------------------------
 void step_memory(benchmark::State& state, const c10::Device& device) {
   course::install_counting_cpu_allocator();
   const std::int64_t batch = state.range(0);
@@ -37,7 +38,15 @@ void BM_StepMemoryCuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_StepMemoryCpu)->ArgName("batch")->RangeMultiplier(4)->Range(64, 4096)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_StepMemoryCuda)->ArgName("batch")->RangeMultiplier(4)->Range(64, 4096)
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StepMemoryCpu)
+    ->ArgName("batch")
+    ->RangeMultiplier(4)
+    ->Range(64, 4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StepMemoryCuda)
+    ->ArgName("batch")
+    ->RangeMultiplier(4)
+    ->Range(64, 4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);

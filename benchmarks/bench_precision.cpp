@@ -9,8 +9,8 @@
 
 #include <vector>
 
+#include "autocast.h"  // defines: Autocast
 #include "bench.h"
-#include "autocast.h"     // defines: Autocast
 #include "grad_scaler.h"  // defines: GradScaler
 
 // The lesson is one file with its own main(); the benchmark includes it for its AMP loop.
@@ -38,7 +38,8 @@ struct WideImpl : torch::nn::Module {
 };
 TORCH_MODULE(Wide);
 
-// ---- matmul: fp32 against autocast ------------------------------------------------------------------
+// ---- matmul: fp32 against autocast
+// ------------------------------------------------------------------
 void matmul(benchmark::State& state, const c10::Device& device) {
   state.SetLabel(kPrecisions[state.range(0)]);
   const std::int64_t n = state.range(1);
@@ -60,7 +61,8 @@ void BM_AutocastMatmulCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) matmul(state, device);
 }
 
-// ---- the matmul alone, its inputs already in the precision (no casts timed) ----------------------
+// ---- the matmul alone, its inputs already in the precision (no casts timed)
+// ----------------------
 void BM_MatmulInPrecisionCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;
@@ -108,13 +110,28 @@ void BM_MixedStepCuda(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_AutocastMatmulCpu)->ArgNames({"precision", "n"})
-    ->ArgsProduct({{0, 1}, {256, 1024, 2048}})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AutocastMatmulCuda)->ArgNames({"precision", "n"})
-    ->ArgsProduct({{0, 1, 2}, {256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MatmulInPrecisionCuda)->ArgNames({"precision", "n"})
-    ->ArgsProduct({{0, 1, 2}, {256, 1024, 4096}})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MixedStepCpu)->ArgNames({"precision", "batch"})
-    ->ArgsProduct({{0, 1}, {64, 256, 1024}})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_MixedStepCuda)->ArgNames({"precision", "batch"})
-    ->ArgsProduct({{0, 1, 2}, {64, 256, 1024}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AutocastMatmulCpu)
+    ->ArgNames({"precision", "n"})
+    ->ArgsProduct({{0, 1}, {256, 1024, 2048}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AutocastMatmulCuda)
+    ->ArgNames({"precision", "n"})
+    ->ArgsProduct({{0, 1, 2}, {256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MatmulInPrecisionCuda)
+    ->ArgNames({"precision", "n"})
+    ->ArgsProduct({{0, 1, 2}, {256, 1024, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MixedStepCpu)
+    ->ArgNames({"precision", "batch"})
+    ->ArgsProduct({{0, 1}, {64, 256, 1024}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MixedStepCuda)
+    ->ArgNames({"precision", "batch"})
+    ->ArgsProduct({{0, 1, 2}, {64, 256, 1024}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);

@@ -40,7 +40,17 @@ void BM_ProfiledStepCuda(benchmark::State& state) {
 
 // Nine repetitions (whatever --benchmark_repetitions says): a step's time varies from run to run
 // by more than the profiler's cost, so the medians need more runs than the other benchmarks'.
-BENCHMARK(BM_ProfiledStepCpu)->ArgName("profiler")->Arg(0)->Arg(1)->UseRealTime()
-    ->Repetitions(9)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_ProfiledStepCuda)->ArgName("profiler")->Arg(0)->Arg(1)->UseRealTime()
-    ->Repetitions(9)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ProfiledStepCpu)
+    ->ArgName("profiler")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Repetitions(9)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ProfiledStepCuda)
+    ->ArgName("profiler")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Repetitions(9)
+    ->Unit(benchmark::kMillisecond);

@@ -15,8 +15,8 @@
 #include <torch/torch.h>
 
 #include "bench.h"
-#include "common/data.h"
 #include "common/cli.h"  // defines: CpuThreads, available_cores
+#include "common/data.h"
 // Lessons 05, 11, 15 and 17 are one file each with its own main(): their functions, without the
 // mains.
 #define GPU_LESSONS_NO_MAIN
@@ -80,8 +80,9 @@ void BM_TrainStepThreadsCpu(benchmark::State& state) {
   const torch::Tensor images = torch::rand({batch, 784});
   const torch::Tensor labels = torch::randint(10, {batch}, torch::kLong);
   lesson11::Trainer trainer = lesson11::make_trainer(torch::kCPU, lesson11::kSeed);
-  bench::run_timed(state, torch::kCPU,
-                   [&] { lesson11::tutorial_step(trainer, lesson11::Batch{images, labels}); });
+  bench::run_timed(state, torch::kCPU, [&] {
+    lesson11::tutorial_step(trainer, lesson11::Batch{images, labels});
+  });
   state.SetLabel(std::to_string(course::available_cores()) + " cores");
   state.SetItemsProcessed(state.iterations() * batch);
 }
@@ -188,7 +189,8 @@ void BM_GraphedEpochCuda(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * batches.count() * lesson15::kBatchSize);
 }
 
-// ---- one epoch of lesson 17's fused form, eager or its whole epoch in one CUDA graph -------------
+// ---- one epoch of lesson 17's fused form, eager or its whole epoch in one CUDA graph
+// -------------
 void fused_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;

@@ -46,8 +46,8 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv,
   std::vector<char*> pointers;
   for (auto& a : args) pointers.push_back(a.data());
   pointers.push_back(nullptr);
-  const int spawned = posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, pointers.data(),
-                                  env_pointers.data());
+  const int spawned =
+      posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, pointers.data(), env_pointers.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipe_ends[1]);
   if (spawned != 0) {

@@ -1,17 +1,16 @@
 // cli.cpp: CLI11 behind a small interface, and the start of every lesson.
 #include "common/cli.h"
 
+#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
 #include <sched.h>
 
+#include <CLI/CLI.hpp>  // defines: CLI::App
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <thread>
-
-#include <ATen/Parallel.h>  // defines: at::get_num_threads, at::set_num_threads
-#include <CLI/CLI.hpp>      // defines: CLI::App
 
 #include "common/device.h"
 #include "common/verdict.h"

@@ -2,13 +2,13 @@
 // a small wrapper to add a lesson's own flags, and start_lesson() (threads, device, first line).
 #pragma once
 
+#include <c10/core/Device.h>  // defines: c10::Device
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>  // defines: c10::Device
 
 namespace course {
 

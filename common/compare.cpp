@@ -1,10 +1,10 @@
 // compare.cpp: the comparisons of compare.h and the reasoning behind each tolerance.
 #include "common/compare.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <limits>
-
-#include <ATen/ATen.h>
 
 namespace course {
 

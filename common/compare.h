@@ -4,11 +4,11 @@
 // that tells bitwise-equal tensors apart from others (ranks of a job compare theirs).
 #pragma once
 
-#include <cstdint>
-#include <vector>
-
 #include <ATen/core/Tensor.h>     // defines: at::Tensor
 #include <c10/core/ScalarType.h>  // defines: c10::ScalarType
+
+#include <cstdint>
+#include <vector>
 
 namespace course {
 

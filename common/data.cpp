@@ -1,6 +1,7 @@
 // data.cpp: IDX reader on zlib, Fashion-MNIST lookup and loading.
 #include "common/data.h"
 
+#include <ATen/ATen.h>  // defines: at::empty
 #include <zlib.h>
 
 #include <algorithm>
@@ -8,14 +9,14 @@
 #include <cstdlib>
 #include <vector>
 
-#include <ATen/ATen.h>  // defines: at::empty
-
 namespace course {
 namespace {
 
 const std::string kInstallHint =
     "install the data with 'sudo apt-get install dataset-fashion-mnist', or pass --data-dir DIR "
-    "(or set " + std::string(kDataDirEnv) + "=DIR) for a folder holding "
+    "(or set " +
+    std::string(kDataDirEnv) +
+    "=DIR) for a folder holding "
     "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
     "t10k-labels-idx1-ubyte.gz";
 
@@ -74,8 +75,8 @@ at::Tensor read_idx(const std::filesystem::path& file) {
     throw DataError(file.string() + " does not exist", kInstallHint);
   }
   GzReader in(file);
-  const std::string damaged = "the file is damaged or is not an IDX file: reinstall it (" +
-                              kInstallHint + ")";
+  const std::string damaged =
+      "the file is damaged or is not an IDX file: reinstall it (" + kInstallHint + ")";
   // IDX header: two zero bytes, a type code (0x08 = unsigned byte), the number of dimensions,
   // then each dimension as a big-endian 32-bit integer.
   std::array<std::uint8_t, 4 + 4 * 4> header{};
@@ -85,7 +86,8 @@ at::Tensor read_idx(const std::filesystem::path& file) {
   }
   if (header[2] != 0x08) {
     throw DataError(file.string() + ": IDX element type 0x" + std::to_string(header[2]) +
-                        " is not unsigned byte (0x08)", damaged);
+                        " is not unsigned byte (0x08)",
+                    damaged);
   }
   const int dims = header[3];
   if (dims < 1 || dims > 4 || in.read(header.data() + 4, 4 * dims) < 4 * dims) {
@@ -98,13 +100,16 @@ at::Tensor read_idx(const std::filesystem::path& file) {
     shape.push_back(big_endian(&header[4 + 4 * d]));
     if (shape.back() == 0) {
       throw DataError(file.string() + ": dimension " + std::to_string(d + 1) +
-                          " of the IDX header is 0 (no data)", damaged);
+                          " of the IDX header is 0 (no data)",
+                      damaged);
     }
     count *= shape.back();  // below 2^30 x 2^32: no overflow
     if (count > kMaxIdxBytes) {
       throw DataError(file.string() + ": the header promises more than " +
-                          std::to_string(kMaxIdxBytes) + " bytes of data, more than any "
-                          "dataset of this course", damaged);
+                          std::to_string(kMaxIdxBytes) +
+                          " bytes of data, more than any "
+                          "dataset of this course",
+                      damaged);
     }
   }
   at::Tensor tensor = at::empty(shape, at::kByte);
@@ -112,8 +117,11 @@ at::Tensor read_idx(const std::filesystem::path& file) {
   std::uint8_t extra = 0;
   if (have < count || in.read(&extra, 1) != 0) {
     throw DataError(file.string() + (have < count ? ": truncated" : ": has trailing bytes") +
-                        ": the header promises " + std::to_string(count) + " bytes of data, the "
-                        "file holds " + (have < count ? std::to_string(have) : "more"), damaged);
+                        ": the header promises " + std::to_string(count) +
+                        " bytes of data, the "
+                        "file holds " +
+                        (have < count ? std::to_string(have) : "more"),
+                    damaged);
   }
   return tensor;
 }
@@ -133,8 +141,9 @@ std::filesystem::path find_fashion_mnist(const std::string& flag) {
   }
   for (const char* name : kFiles) {
     if (!std::filesystem::is_regular_file(folder / name)) {
-      throw DataError("Fashion-MNIST not found: " + (folder / name).string() + " is missing (" +
-                          source + ")", kInstallHint);
+      throw DataError(
+          "Fashion-MNIST not found: " + (folder / name).string() + " is missing (" + source + ")",
+          kInstallHint);
     }
   }
   return folder;
@@ -144,14 +153,15 @@ ImageSet load_fashion_mnist(const std::filesystem::path& folder, bool train) {
   const std::string prefix = train ? "train" : "t10k";
   const at::Tensor images = read_idx(folder / (prefix + "-images-idx3-ubyte.gz"));
   const at::Tensor labels = read_idx(folder / (prefix + "-labels-idx1-ubyte.gz"));
-  const std::string hint = "the files do not belong together: reinstall them (" + kInstallHint +
-                           ")";
+  const std::string hint =
+      "the files do not belong together: reinstall them (" + kInstallHint + ")";
   if (images.dim() != 3 || images.size(1) != 28 || images.size(2) != 28) {
     throw DataError(prefix + " images are not N x 28 x 28", hint);
   }
   if (labels.dim() != 1 || labels.size(0) != images.size(0)) {
     throw DataError(prefix + ": " + std::to_string(labels.numel()) + " labels for " +
-                        std::to_string(images.size(0)) + " images", hint);
+                        std::to_string(images.size(0)) + " images",
+                    hint);
   }
   if (labels.max().item<int>() > 9) {
     throw DataError(prefix + " labels go past class 9", hint);

@@ -3,11 +3,11 @@
 // the errors that name the fix, and take(), a split's first samples (--quick's subset).
 #pragma once
 
+#include <ATen/core/Tensor.h>  // defines: at::Tensor
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
-
-#include <ATen/core/Tensor.h>  // defines: at::Tensor
 
 #include "common/verdict.h"  // defines: CourseError
 

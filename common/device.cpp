@@ -1,13 +1,13 @@
 // device.cpp: device choice and description; the CUDA-only parts are behind GPU_LESSONS_WITH_CUDA.
 #include "common/device.h"
 
+#include <ATen/Parallel.h>  // defines: at::get_num_threads
+#include <torch/cuda.h>     // defines: torch::cuda::is_available, device_count, synchronize
+
 #include <cstdio>
 #include <cstring>
 #include <regex>
 #include <stdexcept>
-
-#include <torch/cuda.h>     // defines: torch::cuda::is_available, device_count, synchronize
-#include <ATen/Parallel.h>  // defines: at::get_num_threads
 
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <cuda_runtime_api.h>  // defines: cudaDeviceGetAttribute, cudaGetDeviceProperties
@@ -54,8 +54,9 @@ DeviceChoice resolve_device(const std::string& spec) {
     const int index = std::stoi(match[1]);
     if (index >= count) {
       throw UsageError("--device " + spec + ": this machine has " + std::to_string(count) +
-                           " usable CUDA GPU(s) (" + (count ? "cuda:0..cuda:" +
-                           std::to_string(count - 1) : why_no_cuda()) + ")",
+                           " usable CUDA GPU(s) (" +
+                           (count ? "cuda:0..cuda:" + std::to_string(count - 1) : why_no_cuda()) +
+                           ")",
                        "use --device auto (GPU if there is one, else CPU) or --device cpu");
     }
     choice.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
@@ -138,8 +139,8 @@ std::string describe(const c10::Device& device) {
     for (const auto& gpu : list_gpus()) {
       if (gpu.index == device.index()) {
         return device.str() + " (" + gpu.name + ", sm_" + std::to_string(gpu.major) +
-               std::to_string(gpu.minor) + ", " + format_bytes(static_cast<double>(gpu.total_bytes)) +
-               ")";
+               std::to_string(gpu.minor) + ", " +
+               format_bytes(static_cast<double>(gpu.total_bytes)) + ")";
       }
     }
   }

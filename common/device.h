@@ -2,11 +2,11 @@
 // the list of CUDA GPUs with their properties, and synchronize() for honest timing.
 #pragma once
 
+#include <c10/core/Device.h>  // defines: c10::Device (torch::Device)
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>  // defines: c10::Device (torch::Device)
 
 namespace course {
 

@@ -1,13 +1,13 @@
 // timing.cpp: synchronized stopwatch, median timing, counting operators, a matmul's rate.
 #include "common/timing.h"
 
+#include <ATen/Functions.h>        // defines: at::rand, at::mm
+#include <ATen/record_function.h>  // defines: at::addGlobalCallback, at::removeCallback
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <vector>
-
-#include <ATen/Functions.h>        // defines: at::rand, at::mm
-#include <ATen/record_function.h>  // defines: at::addGlobalCallback, at::removeCallback
 
 #include "common/device.h"
 
@@ -109,13 +109,12 @@ std::string timing_note(const std::vector<Timing>& timings) {
 std::int64_t count_operators(const std::function<void()>& work) {
   static std::atomic<std::int64_t> count{0};
   count = 0;
-  const at::CallbackHandle handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(
-          [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
-            count.fetch_add(1, std::memory_order_relaxed);
-            return nullptr;
-          })
-          .scopes({at::RecordScope::FUNCTION}));
+  const at::CallbackHandle handle =
+      at::addGlobalCallback(at::RecordFunctionCallback([](const at::RecordFunction&)
+                                                           -> std::unique_ptr<at::ObserverContext> {
+                              count.fetch_add(1, std::memory_order_relaxed);
+                              return nullptr;
+                            }).scopes({at::RecordScope::FUNCTION}));
   work();
   at::removeCallback(handle);
   return count.load();

@@ -4,13 +4,13 @@
 // device's matrix-product rate.
 #pragma once
 
+#include <c10/core/Device.h>  // defines: c10::Device
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>  // defines: c10::Device
 
 namespace course {
 

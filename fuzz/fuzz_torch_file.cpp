@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "fuzz_file.h"               // defines: fuzz::write_input
 #include "torch_files/torch_file.h"  // defines: course::check_torch_file, read_torch_save
-#include "fuzz_file.h"          // defines: fuzz::write_input
 
 namespace {
 // Every tensor inside `value`, read whole when it lies inside its storage.

@@ -1,12 +1,12 @@
 // memory.cpp: memory statistics. The CUDA caching allocator's API is used only in CUDA builds.
 #include "memory/memory.h"
 
+#include <c10/core/CPUAllocator.h>  // defines: c10::SetCPUAllocator
+#include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-
-#include <c10/core/CPUAllocator.h>  // defines: c10::SetCPUAllocator
-#include <c10/util/Exception.h>     // defines: TORCH_CHECK_WITH, c10::OutOfMemoryError
 
 #ifdef GPU_LESSONS_WITH_CUDA
 #include <ATen/Context.h>                   // defines: at::globalContext (lazy CUDA init)
@@ -111,7 +111,8 @@ void install_counting_cpu_allocator() {
 }
 
 void set_cpu_memory_budget(std::int64_t bytes) {
-  install_counting_cpu_allocator();  // a budget on an allocator that does not count would do nothing
+  install_counting_cpu_allocator();  // a budget on an allocator that does not count would do
+                                     // nothing
   counters().budget.store(bytes);
 }
 

@@ -4,10 +4,10 @@
 // (What a training run's state weighs, and the driver's free memory, are lesson 07's.)
 #pragma once
 
+#include <c10/core/Device.h>  // defines: c10::Device
+
 #include <cstdint>
 #include <string>
-
-#include <c10/core/Device.h>  // defines: c10::Device
 
 namespace course {
 
@@ -18,7 +18,7 @@ struct MemoryStats {
   std::int64_t peak_allocated = 0;  ///< highest `allocated` since the last reset_peak_memory()
   std::int64_t reserved = 0;        ///< bytes the allocator holds (CUDA: allocated + cache)
   std::int64_t peak_reserved = 0;
-  std::int64_t allocations = 0;     ///< allocation calls since the last reset_peak_memory()
+  std::int64_t allocations = 0;  ///< allocation calls since the last reset_peak_memory()
 };
 
 /// The statistics of `device` (CPU: what the counting allocator saw since it was installed; CUDA:

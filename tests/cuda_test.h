@@ -1,10 +1,9 @@
 // cuda_test.h defines: CudaTest, the fixture of every test that needs a GPU (skipped without).
 #pragma once
 
+#include <c10/core/Device.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-
-#include <c10/core/Device.h>
 
 class CudaTest : public ::testing::Test {
  protected:

@@ -3,9 +3,9 @@
 // fashion_mnist(), the same data for tests in other fixtures.
 #pragma once
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "common/data.h"
 
@@ -16,7 +16,7 @@ struct FashionMnistSplits {
 };
 inline const FashionMnistSplits* fashion_mnist(std::string* why) {
   static std::string reason;
-  static const FashionMnistSplits* splits = [] () -> const FashionMnistSplits* {
+  static const FashionMnistSplits* splits = []() -> const FashionMnistSplits* {
     try {
       const auto folder = course::find_fashion_mnist("");
       return new FashionMnistSplits{course::load_fashion_mnist(folder, true),

@@ -2,12 +2,11 @@
 // moves a model to a device from one that moves nothing.
 #pragma once
 
-#include <functional>
-#include <string>
-
+#include <c10/core/Device.h>
 #include <gtest/gtest.h>
 
-#include <c10/core/Device.h>
+#include <functional>
+#include <string>
 
 // On a CPU-only machine every device a model can really move to is the CPU, where a move changes
 // nothing a test can see. The meta device (tensors with shapes and no numbers) is the one other

@@ -22,7 +22,8 @@
 inline std::string built_program(const std::string& built) {
   if (std::filesystem::exists(built)) return built;
   return (std::filesystem::path(course::self_executable()).parent_path() /
-          std::filesystem::path(built).filename()).string();
+          std::filesystem::path(built).filename())
+      .string();
 }
 
 /// The Python whose torch is this LibTorch: $GPU_LESSONS_PYTHON, else `built` (CMake's; empty

@@ -3,12 +3,12 @@
 // need c10d's Gloo backend (skipped, saying why, in a build without Gloo's headers).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <exception>
 #include <functional>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 /// Runs fn(rank) on `world` threads, one rank each, and rethrows the first rank's failure.
 inline void on_ranks(int world, const std::function<void(int)>& fn) {

@@ -1,7 +1,7 @@
 // Tests of lesson 01: what it reports about the build, how --device resolves, and the probe.
-#include <algorithm>
-
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN

@@ -69,10 +69,12 @@ TEST(Optimizer, BuiltAfterMoveHoldsModelTensors) {
 
 // Tests that move_model asks for the move, where a CPU-only machine can tell (move_asked.h).
 TEST(MoveModel, AsksForTheMove) {
-  expect_move_asked([](const c10::Device& device) {
-    lesson02::Net model;
-    lesson02::move_model(model, device);
-  }, "move_model");
+  expect_move_asked(
+      [](const c10::Device& device) {
+        lesson02::Net model;
+        lesson02::move_model(model, device);
+      },
+      "move_model");
 }
 
 // Tests what the lesson says of new tensors: on the CPU unless a device is named (the meta device

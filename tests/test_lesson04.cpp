@@ -3,12 +3,12 @@
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
+#include <cstdlib>
+
 #include "common/child_process.h"  // defines: ChildProcess, self_executable, describe_status
 #include "cuda_test.h"
 #include "mismatch_error.cpp"
 #include "scratch_files.h"
-
-#include <cstdlib>
 
 namespace {
 void expect_error_then_fix(const torch::Device& model_device) {
@@ -85,8 +85,8 @@ torch::Tensor host_labels() { return torch::randint(lesson04::kClasses, {lesson0
 // Tests mistake 1 with the meta device in the GPU's place: the model left on the host raises
 // the mismatch error (the model's first op, x - mean, checks devices); built on meta, it runs.
 TEST(Mistakes, ModelLeftOnHostOnMeta) {
-  expect_mismatch_then_fix(lesson04::model_left_on_host(kMeta), lesson04::model_moved(kMeta),
-                           kMeta, "model->to(device)");
+  expect_mismatch_then_fix(lesson04::model_left_on_host(kMeta), lesson04::model_moved(kMeta), kMeta,
+                           "model->to(device)");
 }
 
 // Tests what the meta device cannot stand in for, as the lesson's page says: a matrix product
@@ -163,9 +163,9 @@ TEST_F(CudaTest, CheckpointSavedOnGpuLoadedWithoutOne) {
   const lesson04::Attempt back = lesson04::load_without_device(path);
   ASSERT_FALSE(back.threw) << back.message;
   EXPECT_EQ(back.output.device(), device);
-  course::ChildProcess child(
-      {course::self_executable(), "--gtest_filter=CheckpointWithoutGpu.*"},
-      {"CUDA_VISIBLE_DEVICES=", "GPU_LESSONS_GPU_CHECKPOINT=" + path}, /*with_stderr=*/true);
+  course::ChildProcess child({course::self_executable(), "--gtest_filter=CheckpointWithoutGpu.*"},
+                             {"CUDA_VISIBLE_DEVICES=", "GPU_LESSONS_GPU_CHECKPOINT=" + path},
+                             /*with_stderr=*/true);
   std::string output;
   for (const std::string& line : child.read_rest()) output += line + "\n";
   const std::optional<int> status = child.wait_for(std::chrono::seconds(120));

@@ -40,19 +40,19 @@ OperatorLog watch_operators(const std::function<void()>& work) {
   OperatorLog result;
   log = &result;
   const at::CallbackHandle handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn)
-                                     -> std::unique_ptr<at::ObserverContext> {
-        ++log->calls[fn.name()];
-        ++log->total;
-        if (c10::GradMode::is_enabled()) ++log->recording;
-        const auto inputs = fn.inputs();
-        const bool names_a_device = std::any_of(inputs.begin(), inputs.end(),
-                                                [](const c10::IValue& v) { return v.isDevice(); });
-        if (std::string(fn.name()) == "aten::to" && names_a_device && inputs[0].isTensor()) {
-          log->to_sizes.push_back(inputs[0].toTensor().sizes().vec());
-        }
-        return nullptr;
-      })
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            ++log->calls[fn.name()];
+            ++log->total;
+            if (c10::GradMode::is_enabled()) ++log->recording;
+            const auto inputs = fn.inputs();
+            const bool names_a_device = std::any_of(
+                inputs.begin(), inputs.end(), [](const c10::IValue& v) { return v.isDevice(); });
+            if (std::string(fn.name()) == "aten::to" && names_a_device && inputs[0].isTensor()) {
+              log->to_sizes.push_back(inputs[0].toTensor().sizes().vec());
+            }
+            return nullptr;
+          })
           .needsInputs(true)
           .scopes({at::RecordScope::FUNCTION}));
   work();

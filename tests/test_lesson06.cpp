@@ -62,7 +62,7 @@ double accuracy_counted(lesson06::ANN& model, const course::ImageSet& set) {
 TEST(Tutorial, EvaluatesWithoutAGraph) {
   torch::manual_seed(lesson06::kSeed);
   lesson06::ANN model;
-  model->train();  // the loop itself must switch to eval mode
+  model->train();                                   // the loop itself must switch to eval mode
   const course::ImageSet set = random_images(200);  // batches of 64, 64, 64 and 8
   auto loader = lesson06::make_test_loader(course::FashionMNIST(set));
   const lesson06::Evaluation evaluation = lesson06::tutorial_evaluate(model, *loader, torch::kCPU);

@@ -1,19 +1,18 @@
 // Tests of lesson 07: step memory against batch size, freeing and emptying, the OOM loop.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <sstream>
 
-#include <gtest/gtest.h>
-
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
+#include "cuda_test.h"
 #include "memory/memory.h"
+#include "memory_management.cpp"
 #include "smi_view.h"
 #include "training_state.h"
-#include "cuda_test.h"
-#include "memory_management.cpp"
 
 namespace {
 
@@ -24,8 +23,8 @@ struct TrainingRig {
     course::install_counting_cpu_allocator();
     torch::manual_seed(lesson07::kSeed);
     model->to(device);
-    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(),
-                                                     torch::optim::AdamOptions(1e-3));
+    optimizer =
+        std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
     lesson07::train_step(model, *optimizer, 8, device);
   }
 };

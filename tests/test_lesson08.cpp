@@ -159,8 +159,9 @@ TEST(Scaler, LessonCheckPassesOnCpu) {
 TEST(Fp16Range, SmallGradientsNeedTheScale) {
   EXPECT_EQ(torch::tensor({1e-8f}).to(torch::kHalf).item<float>(), 0.0f);
   const double scale = lesson08::GradScalerOptions().init_scale;
-  EXPECT_NEAR(torch::tensor({1e-8f * static_cast<float>(scale)}).to(torch::kHalf).item<float>() /
-                  scale, 1e-8, 1e-10);
+  EXPECT_NEAR(
+      torch::tensor({1e-8f * static_cast<float>(scale)}).to(torch::kHalf).item<float>() / scale,
+      1e-8, 1e-10);
   course::Verdict verdict;
   lesson08::check_fp16_range(verdict);
   EXPECT_EQ(verdict.checks(), 1);

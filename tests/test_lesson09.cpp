@@ -5,6 +5,7 @@
 // two-process jobs (a rank killed, a rank missing) run the program itself (tests/test_programs.cpp,
 // Jobs); lesson 14 tests what happens when ranks fail.
 #include <gtest/gtest.h>
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
@@ -15,9 +16,10 @@
 
 namespace {
 
-// ---- part 1 ---------------------------------------------------------------------------------------
-// Tests that a DataParallel step (replicas on CPU threads) gives one model's loss and gradients on
-// the whole batch, leaves them on the model's parameters, and does not touch its values.
+// ---- part 1
+// --------------------------------------------------------------------------------------- Tests
+// that a DataParallel step (replicas on CPU threads) gives one model's loss and gradients on the
+// whole batch, leaves them on the model's parameters, and does not touch its values.
 TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
   for (const auto dtype : {torch::kFloat, torch::kDouble}) {
     for (int replicas : {2, 3}) {  // 3 does not divide the batch: chunks of 34, 34, 32
@@ -25,7 +27,8 @@ TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
       lesson09::ANN model;
       model->to(dtype);
       lesson09::ANN one = std::dynamic_pointer_cast<lesson09::ANNImpl>(model->clone());
-      const torch::Tensor before = torch::nn::utils::parameters_to_vector(model->parameters()).clone();
+      const torch::Tensor before =
+          torch::nn::utils::parameters_to_vector(model->parameters()).clone();
       torch::manual_seed(2);
       const torch::Tensor x = torch::randn({100, 28, 28}, dtype);
       const torch::Tensor y = torch::randint(10, {100}, torch::kLong);
@@ -39,7 +42,8 @@ TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
                                      course::gradients(one->parameters())),
                 tol)
           << dtype << " " << replicas;
-      EXPECT_TRUE(torch::equal(torch::nn::utils::parameters_to_vector(model->parameters()), before));
+      EXPECT_TRUE(
+          torch::equal(torch::nn::utils::parameters_to_vector(model->parameters()), before));
     }
   }
 }
@@ -124,7 +128,8 @@ TEST(Lesson09Rendezvous, NoStoreIsAnErrorWithinTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
-// ---- training -------------------------------------------------------------------------------------
+// ---- training
+// -------------------------------------------------------------------------------------
 class Lesson09Training : public FashionMnistTest {
  protected:
   void SetUp() override {
@@ -146,8 +151,8 @@ TEST_F(Lesson09Training, RanksEndEqualAlsoWithAnEmptyLastShard) {
   std::vector<std::uint64_t> sums(kWorld);
   on_ranks(kWorld, [&](int rank) {
     auto group = lesson09::make_group(store, rank, kWorld, torch::kCPU, std::chrono::seconds(60));
-    lesson09::ANN model = lesson09::train_data_parallel(*group, rank, kWorld, data, 2, 8, torch::kCPU,
-                                                        lesson09::kSeed, std::chrono::seconds(60));
+    lesson09::ANN model = lesson09::train_data_parallel(
+        *group, rank, kWorld, data, 2, 8, torch::kCPU, lesson09::kSeed, std::chrono::seconds(60));
     sums[rank] = course::checksum(torch::nn::utils::parameters_to_vector(model->parameters()));
   });
   EXPECT_EQ(sums[0], sums[1]);
@@ -184,7 +189,8 @@ TEST(Lesson09Nccl, JobOfOneOnTheGpu) {
   model->to(gpu);
   const torch::Tensor before = torch::nn::utils::parameters_to_vector(model->parameters()).cpu();
   lesson09::broadcast_parameters(*group, model->parameters(), std::chrono::seconds(60));
-  EXPECT_TRUE(torch::equal(torch::nn::utils::parameters_to_vector(model->parameters()).cpu(), before));
+  EXPECT_TRUE(
+      torch::equal(torch::nn::utils::parameters_to_vector(model->parameters()).cpu(), before));
   course::shutdown_group(*group);
 }
 

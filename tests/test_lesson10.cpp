@@ -15,11 +15,11 @@
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
+#include "checkpoint_cli.h"
+#include "checkpoint_zip.h"
 #include "checkpointing.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "checkpoint_cli.h"
-#include "checkpoint_zip.h"
 #include "program_run.h"
 #include "scratch_files.h"
 
@@ -365,14 +365,10 @@ TEST_F(PythonTest, OtherPythonFiles) {
 // ---- on the command line: the lesson's program (LESSON10_BINARY), as a learner runs it -------
 // Tests a run resumed across processes: --epochs 1, then --epochs 2 in a new process resumes from
 // epoch 1, then --epochs 2 again has nothing left to train; each passes.
-TEST(Cli, ResumeInANewProcess) {
-  expect_resume_in_a_new_process(built_program(LESSON10_BINARY));
-}
+TEST(Cli, ResumeInANewProcess) { expect_resume_in_a_new_process(built_program(LESSON10_BINARY)); }
 
 // Tests that a checkpoint of random bytes stops the run with exit 2 and a HINT.
-TEST(Cli, CorruptCheckpoint) {
-  expect_corrupt_checkpoint_refused(built_program(LESSON10_BINARY));
-}
+TEST(Cli, CorruptCheckpoint) { expect_corrupt_checkpoint_refused(built_program(LESSON10_BINARY)); }
 
 // Tests that --from-python of a file that does not exist stops with exit 2 and a HINT.
 TEST(Cli, MissingPythonFile) {
@@ -384,9 +380,7 @@ TEST(Cli, MissingPythonFile) {
 }
 
 // Tests that --checkpoint in a folder that does not exist stops with exit 2 before any training.
-TEST(Cli, UnwritableFolder) {
-  expect_unwritable_folder_refused(built_program(LESSON10_BINARY));
-}
+TEST(Cli, UnwritableFolder) { expect_unwritable_folder_refused(built_program(LESSON10_BINARY)); }
 
 // Tests that --help lists the lesson's flags.
 TEST(Cli, Help) {

@@ -1,15 +1,15 @@
 // Tests of lesson 11: the loaders, the flat parameters, each form's training against the
 // tutorial's loop, and the accuracy.
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "fast_training_loop.cpp"
 #include "common/compare.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
+#include "fast_training_loop.cpp"
 #include "move_asked.h"
 
 namespace {
@@ -118,9 +118,9 @@ TEST(ProgressLine, EveryNthUpdateOnlyOnATerminal) {
 // Tests that an unknown loader or run name is a usage error.
 TEST(Loaders, UnknownNameIsUsageError) {
   EXPECT_THROW(lesson11::Loader("prefetch", numbered(10), 4, torch::kCPU), course::UsageError);
-  EXPECT_THROW(lesson11::train_and_evaluate(numbered(10), numbered(10), "batches", 1, 4,
-                                            torch::kCPU, 1),
-               course::UsageError);
+  EXPECT_THROW(
+      lesson11::train_and_evaluate(numbered(10), numbered(10), "batches", 1, 4, torch::kCPU, 1),
+      course::UsageError);
 }
 
 // Tests that flattening keeps the values and routes every gradient into the flat buffer.
@@ -156,15 +156,19 @@ TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
     std::unique_ptr<torch::optim::Adam> adam;
     if (flat) {
       buffers = lesson11::flatten_parameters(*model);
-      adam = std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{buffers.values},
-                                                  torch::optim::AdamOptions(lesson11::kLearningRate));
+      adam =
+          std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{buffers.values},
+                                               torch::optim::AdamOptions(lesson11::kLearningRate));
     } else {
-      adam = std::make_unique<torch::optim::Adam>(model->parameters(),
-                                                  torch::optim::AdamOptions(lesson11::kLearningRate));
+      adam = std::make_unique<torch::optim::Adam>(
+          model->parameters(), torch::optim::AdamOptions(lesson11::kLearningRate));
     }
     torch::manual_seed(5);
     for (int step = 0; step < 5; ++step) {
-      if (flat) buffers.gradients.zero_(); else adam->zero_grad();
+      if (flat)
+        buffers.gradients.zero_();
+      else
+        adam->zero_grad();
       const torch::Tensor x = torch::rand({16, 784});
       const torch::Tensor y = torch::randint(10, {16});
       torch::nn::functional::cross_entropy(model->forward(x), y).backward();
@@ -227,7 +231,8 @@ TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
 TEST_F(FashionMnistTest, FlatStepTrainsAsTheTutorialStep) {
   const course::ImageSet subset = course::take(train(), 3000);
   const course::ImageSet eval = course::take(test(), 1000);
-  const auto tutorial = lesson11::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 7);
+  const auto tutorial =
+      lesson11::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 7);
   const auto flat = lesson11::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
   for (size_t e = 0; e < tutorial.epochs.size(); ++e) {
     EXPECT_LE(std::abs(flat.epochs[e].mean_loss - tutorial.epochs[e].mean_loss) /
@@ -246,8 +251,8 @@ TEST(ManualStep, SameGradientsAsAutograd) {
   lesson11::FlatTrainer autograd = lesson11::make_flat_trainer(torch::kCPU, 3);
   lesson11::FlatTrainer manual = lesson11::make_flat_trainer(torch::kCPU, 3);
   autograd.flat.gradients.zero_();
-  const torch::Tensor expected = torch::nn::functional::cross_entropy(
-      autograd.model->forward(batch.images), batch.labels);
+  const torch::Tensor expected =
+      torch::nn::functional::cross_entropy(autograd.model->forward(batch.images), batch.labels);
   expected.backward();
   const torch::Tensor before = manual.flat.values.clone();
   manual.flat.gradients.fill_(123);  // anything there is overwritten, not added to
@@ -298,7 +303,7 @@ TEST(Loaders, WorkersGiveTheSameBatchesInTheSameOrder) {
     torch::manual_seed(9);
     lesson11::Loader threaded("pinned", numbered(1000), 64, torch::kCPU, workers);
     lesson11::Batch batch;
-    threaded.start_epoch();  // an epoch left after one batch, as a `break` leaves it:
+    threaded.start_epoch();             // an epoch left after one batch, as a `break` leaves it:
     ASSERT_TRUE(threaded.next(batch));  // its workers stop, the next epoch starts afresh
     EXPECT_EQ(one_epoch(threaded), first) << workers << " workers";
     EXPECT_EQ(one_epoch(threaded), second) << workers << " workers";
@@ -309,9 +314,9 @@ TEST(Loaders, WorkersGiveTheSameBatchesInTheSameOrder) {
 // (move_asked.h), and the pinned loader copies every batch to the device it is given (a plain
 // tensor can go to the meta device, which stands in for a GPU here).
 TEST(Moves, TrainerAndBatchesGoToTheDevice) {
-  expect_move_asked([](const c10::Device& device) {
-    (void)lesson11::make_trainer(device, lesson11::kSeed);
-  }, "make_trainer");
+  expect_move_asked(
+      [](const c10::Device& device) { (void)lesson11::make_trainer(device, lesson11::kSeed); },
+      "make_trainer");
   const torch::Device meta(torch::kMeta);
   lesson11::Loader loader("pinned", numbered(100), 64, meta, /*workers=*/0);
   lesson11::Batch batch;

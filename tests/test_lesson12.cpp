@@ -15,11 +15,11 @@
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
+#include "checkpoint_cli.h"
+#include "checkpoint_zip.h"
 #include "crash_safe_checkpoints.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "checkpoint_cli.h"
-#include "checkpoint_zip.h"
 #include "program_run.h"
 #include "scratch_files.h"
 
@@ -391,10 +391,11 @@ std::string bytes_of(const char (&literal)[N]) {
   return std::string(literal, N - 1);
 }
 
-// Tests that what the check of a torch file refuses (torch_files/torch_file.h, whose own tests cover
-// every case) reaches the learner as a CheckpointError from both loaders, the model untouched:
-// a checkpoint with its version record renamed away (LibTorch's reader would leak on it) and a
-// zip whose pickle LibTorch's unpickler would grow a 30 GB memo for (found by fuzz_checkpoint).
+// Tests that what the check of a torch file refuses (torch_files/torch_file.h, whose own tests
+// cover every case) reaches the learner as a CheckpointError from both loaders, the model
+// untouched: a checkpoint with its version record renamed away (LibTorch's reader would leak on it)
+// and a zip whose pickle LibTorch's unpickler would grow a 30 GB memo for (found by
+// fuzz_checkpoint).
 TEST_F(CheckpointTest, FilesTheCheckRefusesNeverReachLibTorch) {
   Training trained = run(1, scratch.file("good.pt"));
   std::string bytes = read_bytes(scratch.file("good.pt"));
@@ -490,9 +491,7 @@ TEST_F(CudaTest, CheckpointsMoveBetweenCpuAndCuda) {
 // ---- on the command line: the lesson's program (LESSON12_BINARY), as a learner runs it -------
 // Tests a run resumed across processes: --epochs 1, then --epochs 2 in a new process resumes from
 // epoch 1, then --epochs 2 again has nothing left to train; each passes.
-TEST(Cli, ResumeInANewProcess) {
-  expect_resume_in_a_new_process(built_program(LESSON12_BINARY));
-}
+TEST(Cli, ResumeInANewProcess) { expect_resume_in_a_new_process(built_program(LESSON12_BINARY)); }
 
 // Tests that a checkpoint of a --quick run, resumed without --quick, stops with exit 2 and a HINT
 // naming the flags to resume with.
@@ -509,14 +508,10 @@ TEST(Cli, ResumeWithOtherSettings) {
 }
 
 // Tests that a checkpoint of random bytes stops the run with exit 2 and a HINT.
-TEST(Cli, CorruptCheckpoint) {
-  expect_corrupt_checkpoint_refused(built_program(LESSON12_BINARY));
-}
+TEST(Cli, CorruptCheckpoint) { expect_corrupt_checkpoint_refused(built_program(LESSON12_BINARY)); }
 
 // Tests that --checkpoint in a folder that does not exist stops with exit 2 before any training.
-TEST(Cli, UnwritableFolder) {
-  expect_unwritable_folder_refused(built_program(LESSON12_BINARY));
-}
+TEST(Cli, UnwritableFolder) { expect_unwritable_folder_refused(built_program(LESSON12_BINARY)); }
 
 // Tests that --help lists the learner's flags, not the crash test's own (--save-loop, --in-place).
 TEST(Cli, Help) {

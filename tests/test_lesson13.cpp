@@ -6,8 +6,8 @@
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "activation_checkpointing.cpp"
-#include "memory/memory.h"
 #include "cuda_test.h"
+#include "memory/memory.h"
 
 namespace {
 

@@ -7,10 +7,10 @@
 // arriving, on GPUs) run the program itself (tests/test_programs.cpp, Jobs and Lesson14Jobs), and
 // the program run plainly fails ranks itself.
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <atomic>
 #include <mutex>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
@@ -27,10 +27,11 @@ course::RankInfo local_rank_of(int local_rank, int local_world_size) {
   return info;
 }
 
-// ---- which device each rank takes ------------------------------------------------------------------
-// Tests the rule every rank applies: a GPU per rank when there are enough; one visible GPU per
-// rank through CUDA_VISIBLE_DEVICES; too few GPUs: every rank on the CPU (auto) or a usage error
-// (cuda), on every rank alike, so that no job mixes NCCL and Gloo ranks.
+// ---- which device each rank takes
+// ------------------------------------------------------------------ Tests the rule every rank
+// applies: a GPU per rank when there are enough; one visible GPU per rank through
+// CUDA_VISIBLE_DEVICES; too few GPUs: every rank on the CPU (auto) or a usage error (cuda), on
+// every rank alike, so that no job mixes NCCL and Gloo ranks.
 TEST(Lesson14RankDevice, OneRuleForEveryRank) {
   using lesson14::rank_device;
   // Enough GPUs: each local rank its own.
@@ -42,7 +43,8 @@ TEST(Lesson14RankDevice, OneRuleForEveryRank) {
   for (int r = 0; r < 2; ++r) {
     const auto choice = rank_device("auto", 1, local_rank_of(r, 2), "");
     EXPECT_EQ(choice.device, "cpu") << r;
-    EXPECT_NE(choice.reason.find("1 GPU(s) visible to 2 ranks"), std::string::npos) << choice.reason;
+    EXPECT_NE(choice.reason.find("1 GPU(s) visible to 2 ranks"), std::string::npos)
+        << choice.reason;
     EXPECT_EQ(rank_device("auto", 1, local_rank_of(r, 2), "0,1").device, "cpu") << r;
     EXPECT_THROW(rank_device("cuda", 1, local_rank_of(r, 2), ""), course::UsageError) << r;
   }
@@ -68,18 +70,21 @@ TEST(Lesson14RankDevice, RanksMustAgree) {
   EXPECT_EQ(course::device_identity(torch::kCPU), "cpu");
 }
 
-// ---- the rendezvous ------------------------------------------------------------------------------
-// Tests the rendezvous' one wait through a real store: two ranks (threads) meet; a rank alone
-// gives up after the timeout, not later, with the message that says how many arrived.
+// ---- the rendezvous
+// ------------------------------------------------------------------------------ Tests the
+// rendezvous' one wait through a real store: two ranks (threads) meet; a rank alone gives up after
+// the timeout, not later, with the message that says how many arrived.
 TEST(Lesson14Rendezvous, RanksMeetOrGiveUpWithinTheTimeout) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   on_ranks(2, [&](int rank) {
-    lesson14::meet_the_others(*store, local_rank_of(rank, 2), torch::kCPU, std::chrono::seconds(10));
+    lesson14::meet_the_others(*store, local_rank_of(rank, 2), torch::kCPU,
+                              std::chrono::seconds(10));
   });
   auto empty = c10::make_intrusive<c10d::HashStore>();
   const auto start = std::chrono::steady_clock::now();
   try {
-    lesson14::meet_the_others(*empty, local_rank_of(0, 2), torch::kCPU, std::chrono::milliseconds(500));
+    lesson14::meet_the_others(*empty, local_rank_of(0, 2), torch::kCPU,
+                              std::chrono::milliseconds(500));
     ADD_FAILURE() << "met nobody, and went on";
   } catch (const course::CourseError& e) {
     EXPECT_NE(std::string(e.what()).find("gave up waiting for the other ranks"), std::string::npos)
@@ -223,7 +228,8 @@ class Lesson14Training : public FashionMnistTest {
 // Tests what data parallelism promises, on real ranks (threads, Gloo over a HashStore): every
 // rank holds identical parameters after every step, and the summed gradient of the first steps is
 // one process's gradient over the global batch from the same parameters. (What the ranks learn
-// against one process is checked by the ranks of a real job: Jobs.TwoRanksPassWithTheSameParameters in tests/test_programs.cpp.)
+// against one process is checked by the ranks of a real job: Jobs.TwoRanksPassWithTheSameParameters
+// in tests/test_programs.cpp.)
 TEST_F(Lesson14Training, SummedGradientIsTheGlobalBatchsGradient) {
   constexpr int kWorld = 2;
   constexpr std::int64_t kBatch = 32;
@@ -236,7 +242,8 @@ TEST_F(Lesson14Training, SummedGradientIsTheGlobalBatchsGradient) {
     runs[rank] = lesson14::train_checked(*group, rank, kWorld, data, 1, kBatch, torch::kCPU,
                                          lesson14::kSeed, timeout);
   });
-  EXPECT_TRUE(torch::equal(lesson14::parameters(runs[0].model), lesson14::parameters(runs[1].model)));
+  EXPECT_TRUE(
+      torch::equal(lesson14::parameters(runs[0].model), lesson14::parameters(runs[1].model)));
   EXPECT_EQ(runs[0].trail.item<std::int64_t>(), runs[1].trail.item<std::int64_t>());
   for (int rank = 0; rank < kWorld; ++rank) {
     ASSERT_EQ(runs[rank].gradient_diffs.size(), static_cast<size_t>(lesson14::kCheckedSteps));

@@ -88,8 +88,10 @@ TEST(CheckProfile, AMissingRangeFails) {
 // thread, not those on another thread; device events count as device time only.
 TEST(KeyAverages, SelfTimeLeavesOutChildren) {
   const std::vector<lesson16::Event> events = {
-      host("forward", 0, 100),      host("aten::linear", 10, 60),
-      host("aten::addmm", 20, 50),  host("aten::relu", 70, 80),
+      host("forward", 0, 100),
+      host("aten::linear", 10, 60),
+      host("aten::addmm", 20, 50),
+      host("aten::relu", 70, 80),
       host("aten::addmm", 5, 95, 2),  // another thread: nobody's child
       {"volta_sgemm", 30, 45, 7, true, {}},
   };

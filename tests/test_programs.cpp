@@ -69,8 +69,8 @@ TEST_P(EveryProgram, HelpExitsZeroAndFitsOneHundredColumns) {
   for (std::string line; std::getline(lines, line);) {
     EXPECT_LE(line.size(), 100u) << line;
     if (line.rfind("  -", 0) == 0) {  // "  --flag TYPE=default" in 30 columns, then its help
-      EXPECT_TRUE(line.size() > 30 && line[29] == ' ' && line[30] != ' ') << "help not beside: "
-                                                                           << line;
+      EXPECT_TRUE(line.size() > 30 && line[29] == ' ' && line[30] != ' ')
+          << "help not beside: " << line;
     }
   }
 }

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/verdict.h"          // defines: CourseError
 #include "torch_files/torch_file.h"  // defines: TorchFile, CrcCheck
-#include "common/verdict.h"     // defines: CourseError
 
 namespace course {
 

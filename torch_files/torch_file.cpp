@@ -2,13 +2,15 @@
 // checked; the refusals' wording is what the lessons print after "is not a ... (".
 #include "torch_files/torch_file.h"
 
-#include <caffe2/serialize/in_memory_adapter.h>  // defines: MemoryReadAdapter
-#include <caffe2/serialize/inline_container.h>   // defines: PyTorchStreamReader/Writer (zip)
-#include <caffe2/serialize/versions.h>  // defines: kMin/kMaxSupportedFileFormatVersion
+#include <ATen/ATen.h>
+#include <ATen/Context.h>  // defines: at::globalContext (the default generators)
+#include <caffe2/serialize/in_memory_adapter.h>      // defines: MemoryReadAdapter
+#include <caffe2/serialize/inline_container.h>       // defines: PyTorchStreamReader/Writer (zip)
+#include <caffe2/serialize/versions.h>               // defines: kMin/kMaxSupportedFileFormatVersion
 #include <torch/csrc/jit/serialization/export.h>     // defines: writeArchiveAndTensors
 #include <torch/csrc/jit/serialization/pickler.h>    // defines: torch::jit::Pickler
 #include <torch/csrc/jit/serialization/unpickler.h>  // defines: torch::jit::Unpickler
-#include <zlib.h>                        // defines: crc32_z, inflate (the zip's own formats)
+#include <zlib.h>  // defines: crc32_z, inflate (the zip's own formats)
 
 #include <algorithm>
 #include <cctype>
@@ -21,9 +23,6 @@
 #include <string_view>
 #include <unordered_map>
 
-#include <ATen/ATen.h>
-#include <ATen/Context.h>  // defines: at::globalContext (the default generators)
-
 #include "common/verdict.h"  // defines: error_message
 
 namespace course {
@@ -32,10 +31,10 @@ namespace {
 
 std::uint64_t little_endian(const std::string& bytes, std::size_t at, int size) {
   std::uint64_t value = 0;
-  for (int i = size - 1; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
+  for (int i = size - 1; i >= 0; --i)
+    value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
   return value;
 }
-
 
 // The zip's central directory, found the way LibTorch's zip reader (miniz) finds it: the last
 // end-of-directory record, or the zip64 one that a zip64 locator just before it points at.
@@ -100,8 +99,8 @@ struct PickleNode {
 
 // Why LibTorch's unpickler must not see `pickle`, or "" when it may (pickle_refusal). The check
 // runs the pickle's opcodes on a stack of PickleNodes the way LibTorch's torch::jit::Unpickler
-// runs them on its own stack, and refuses what that unpickler does not check (measured and read in LibTorch 1.13;
-// 2.x checks some of it):
+// runs them on its own stack, and refuses what that unpickler does not check (measured and read in
+// LibTorch 1.13; 2.x checks some of it):
 //   - a memo index past the pickle's length: the unpickler grows its memo table to any index
 //     (LONG_BINPUT 0x7174616d: 30 GB, found by fuzz_checkpoint);
 //   - a string longer than the bytes left: it allocates the length before reading;
@@ -374,7 +373,6 @@ std::function<std::optional<std::uint64_t>(const std::string&)> storage_sizes(
       };
 }
 
-
 // A record's bytes as LibTorch's reader gets them: stored as they are (LibTorch and Python write
 // nothing else), or deflated, which miniz inflates. Nothing when they do not lie inside the file
 // or do not inflate to the size the directory records.
@@ -501,7 +499,9 @@ std::string source_refusal(const std::string& source, const std::string& record)
 }
 
 // The record's name inside the archive's folder ("archive/data/0" is "data/0").
-std::string record_name(const ZipEntry& entry) { return entry.name.substr(entry.name.find('/') + 1); }
+std::string record_name(const ZipEntry& entry) {
+  return entry.name.substr(entry.name.find('/') + 1);
+}
 
 // Why LibTorch's zip reader (caffe2::serialize::PyTorchStreamReader) would refuse `file`, or ""
 // when it opens it. Its constructor reads the directory, then the first entry's folder (every
@@ -593,7 +593,8 @@ std::string zip_refusal(TorchFile& file, CrcCheck crc) {
       if (!refusal.empty()) return refusal;
     }
     if (suffix != "pkl") continue;
-    if (!stored(entry, bytes, false)) return "its pickle " + entry.name.substr(0, 80) + " is damaged";
+    if (!stored(entry, bytes, false))
+      return "its pickle " + entry.name.substr(0, 80) + " is damaged";
     // A storage key names a record beside the pickle: archive/data.pkl's "0" is archive/data/0.
     std::string folder = lower_ascii(entry.name);
     if (folder.size() >= 4 && folder.compare(folder.size() - 4, 4, ".pkl") == 0) {
@@ -636,7 +637,8 @@ TorchFile check_torch_file(const std::string& path, CrcCheck crc) {
 
 std::string pickle_refusal(const std::string& pickle, const TorchFile& file,
                            const std::string& record) {
-  if (file.directory.empty()) return "no zip directory: the file is cut short, or not a zip archive";
+  if (file.directory.empty())
+    return "no zip directory: the file is cut short, or not a zip archive";
   const std::string& first = file.directory.front().name;
   std::string folder = lower_ascii(first.substr(0, first.find('/') + 1) + record);
   if (folder.size() >= 4 && folder.compare(folder.size() - 4, 4, ".pkl") == 0) {

@@ -6,15 +6,15 @@
 // Why each check exists (measured and read in LibTorch 1.13 and 2.11): torch_file.cpp.
 #pragma once
 
+#include <ATen/core/Dict.h>    // defines: c10::impl::GenericDict
+#include <ATen/core/Tensor.h>  // defines: at::Tensor
+#include <ATen/core/ivalue.h>  // defines: c10::IValue
+#include <c10/core/Device.h>   // defines: c10::Device
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Dict.h>    // defines: c10::impl::GenericDict
-#include <ATen/core/ivalue.h>  // defines: c10::IValue
-#include <ATen/core/Tensor.h>  // defines: at::Tensor
-#include <c10/core/Device.h>   // defines: c10::Device
 
 namespace course {
 

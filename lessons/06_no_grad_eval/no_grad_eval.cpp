@@ -33,9 +33,9 @@
 #include "common/data.h"     // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/device.h"   // defines: format_bytes
-#include "memory/memory.h"   // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
 #include "common/timing.h"   // defines: Timing, time_median, describe_ms, timing_note
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
+#include "memory/memory.h"   // defines: memory_stats, reset_peak_memory (lesson 07 shows the API)
 
 namespace lesson06 {
 

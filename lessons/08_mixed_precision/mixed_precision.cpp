@@ -33,13 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "autocast.h"        // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
 #include "common/cli.h"      // defines: Cli, start_lesson (--device, the device line)
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
 #include "common/timing.h"   // defines: Stopwatch, time_median, per_piece, describe_ms
 #include "common/verdict.h"  // defines: Verdict, report_error
-
-#include "autocast.h"     // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
-#include "grad_scaler.h"  // defines: GradScaler (torch.amp.GradScaler)
+#include "grad_scaler.h"     // defines: GradScaler (torch.amp.GradScaler)
 
 namespace lesson08 {
 

@@ -1,5 +1,6 @@
-// distributed_data_parallel.cpp: lesson 09's torch.distributed pieces (distributed_data_parallel.h):
-// the store and the group of init_process_group, and DDP's broadcast and all-reduce.
+// distributed_data_parallel.cpp: lesson 09's torch.distributed pieces
+// (distributed_data_parallel.h): the store and the group of init_process_group, and DDP's broadcast
+// and all-reduce.
 #include "distributed_data_parallel.h"
 
 #include <torch/torch.h>  // defines: torch::Device, torch::NoGradGuard, torch::cat

@@ -7,14 +7,14 @@
 // model is made and allreduce_gradients between backward() and the optimizer's step.
 #pragma once
 
+#include <ATen/core/Tensor.h>        // defines: at::Tensor
+#include <c10/core/Device.h>         // defines: c10::Device
+#include <c10/util/intrusive_ptr.h>  // defines: c10::intrusive_ptr (c10d's shared pointer)
+
 #include <chrono>
 #include <vector>
 
-#include <ATen/core/Tensor.h>       // defines: at::Tensor
-#include <c10/core/Device.h>        // defines: c10::Device
-#include <c10/util/intrusive_ptr.h>  // defines: c10::intrusive_ptr (c10d's shared pointer)
-
-#include "distributed/c10d.h"   // defines: CommGroup (c10d's group: Gloo or NCCL), c10d::Store
+#include "distributed/c10d.h"    // defines: CommGroup (c10d's group: Gloo or NCCL), c10d::Store
 #include "distributed/launch.h"  // defines: RankInfo (torchrun's variables)
 
 namespace lesson09 {

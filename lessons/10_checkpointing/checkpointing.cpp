@@ -9,7 +9,8 @@
 //     saved;
 //   - a checkpoint that resumes training: the model, Adam's state and the epoch in one file,
 //     loaded into a fresh ANN and Adam on the device;
-//   - Python's own state_dict files, both ways (torch_files/state_dict.h reads and writes the format).
+//   - Python's own state_dict files, both ways (torch_files/state_dict.h reads and writes the
+//   format).
 // Lesson 12 (going further) makes this checkpoint exact, crash-safe and wary of strangers' files.
 //
 // Run:    build/bin/lesson10_checkpointing [--device ...] [--quick]      (the recipe)
@@ -30,13 +31,13 @@
 #include <iostream>
 #include <string>
 
-#include "common/cli.h"         // defines: Cli, start_lesson
-#include "common/compare.h"     // defines: max_abs_diff
-#include "common/dataset.h"     // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
-#include "common/interrupt.h"   // defines: StopOnInterrupt, stop_requested, epoch_abandoned
-#include "torch_files/state_dict.h"  // defines: CheckpointError, Python's files, the checks of a file
+#include "common/cli.h"               // defines: Cli, start_lesson
+#include "common/compare.h"           // defines: max_abs_diff
+#include "common/dataset.h"           // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
+#include "common/interrupt.h"         // defines: StopOnInterrupt, stop_requested, epoch_abandoned
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/verdict.h"           // defines: Verdict, report_error
+#include "torch_files/state_dict.h"  // defines: CheckpointError, Python's files, the checks of a file
 
 namespace lesson10 {
 namespace fs = std::filesystem;
@@ -335,7 +336,7 @@ int main(int argc, char** argv) try {
                "write the model at the end for Python's torch.load(PATH, weights_only=True)");
   if (auto code = cli.parse(argc, argv)) return *code;
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
-  device = course::start_lesson(options, device);  // --device may override it; printed first
+  device = course::start_lesson(options, device);      // --device may override it; printed first
   course::check_writable(checkpoint, "--checkpoint");  // before the training, not after it
   course::check_writable(to_python_path, "--to-python");
 

@@ -452,8 +452,8 @@ void kill_while_saving(Lesson& lesson, int kills) {
     std::vector<std::string> args = {course::self_executable(), "--save-loop", big_pt, "--threads",
                                      "1"};
     if (!atomic) args.push_back("--in-place");
-    const KillReport report = kill_repeatedly(
-        args, /*lines=*/2, kills, lesson.seed, [&] { check_save_loop_file(big_pt); });
+    const KillReport report = kill_repeatedly(args, /*lines=*/2, kills, lesson.seed,
+                                              [&] { check_save_loop_file(big_pt); });
     std::printf("%-36s %8d %10d %9.0f ms\n",
                 atomic ? "temporary file, fsync, rename" : "in place (save_to(path): lesson 10)",
                 report.kills, report.survived, report.piece_seconds * 1e3);

@@ -32,10 +32,10 @@
 #include "common/compare.h"    // defines: max_rel_diff, tolerance_for
 #include "common/device.h"     // defines: format_bytes, synchronize
 #include "common/generator.h"  // defines: rng_state, set_rng_state
-#include "memory/memory.h"     // defines: memory_stats, reset_peak_memory
 #include "common/report.h"     // defines: format
 #include "common/timing.h"     // defines: Timing, time_median, timing_note
 #include "common/verdict.h"    // defines: Verdict, report_error
+#include "memory/memory.h"     // defines: memory_stats, reset_peak_memory
 
 namespace lesson13 {
 

@@ -56,9 +56,9 @@ constexpr std::uint64_t kSeed = 5;       // lesson 05's: the first weights and t
 constexpr std::int64_t kBatchSize = 64;  // the tutorial's DataLoader(batch_size=64)
 constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.001)
 constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // torch::optim::Adam's defaults
-constexpr int kSteps = 300, kQuickSteps = 40;  // --steps: batches each check trains on
+constexpr int kSteps = 300, kQuickSteps = 40;          // --steps: batches each check trains on
 [[maybe_unused]] constexpr int kGraphWarmupSteps = 3;  // eager steps before the capture
-constexpr int kTimedSteps = 50;       // steps per timed run; the median of kTimedRuns runs
+constexpr int kTimedSteps = 50;  // steps per timed run; the median of kTimedRuns runs
 constexpr int kTimedRuns = 5;
 // DeviceAdam folds lr / (1 - beta1^t) into its divisor, so a step may round a last bit otherwise
 // than LibTorch's Adam, and training carries such bits on: ten times fp32's (common/compare.h).

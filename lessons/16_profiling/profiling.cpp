@@ -51,7 +51,6 @@
 #include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
 #include "common/report.h"           // defines: format
 #include "common/verdict.h"          // defines: Verdict, report_error
-
 #include "profiler.h"  // defines: event_start_us, event_duration_us, save_chrome_trace
 
 namespace lesson16 {

@@ -1,12 +1,11 @@
 // Tests of common/ann.h: the tutorials' ANN and its test accuracy.
 
+#include <gtest/gtest.h>
 #include <signal.h>
+#include <torch/torch.h>
 
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "common/ann.h"
 #include "common/interrupt.h"
@@ -36,8 +35,8 @@ TEST(Ann, TrainingFlopsPerSampleCountTheWeights) {
   course::ANN model;
   const double weights = static_cast<double>(
       model->fc1->weight.numel() + model->fc2->weight.numel() + model->out->weight.numel());
-  const double past_first = static_cast<double>(model->fc2->weight.numel() +
-                                                model->out->weight.numel());
+  const double past_first =
+      static_cast<double>(model->fc2->weight.numel() + model->out->weight.numel());
   EXPECT_EQ(course::kTrainingFlopsPerSample, 2 * 2 * weights + 2 * past_first);
 }
 

@@ -1,7 +1,9 @@
 // Tests of common/child_process.h: a child process: its lines, kills, signals and environment.
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -9,9 +11,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "common/child_process.h"
 // Tests a child process: its lines read back one by one, a kill that ends it at once (SIGKILL),

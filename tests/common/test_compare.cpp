@@ -1,10 +1,10 @@
 // Tests of common/compare.h: comparing results: differences, gradients in order, checksums,
 // tolerances.
 
-#include <vector>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <vector>
 
 #include "common/compare.h"
 // Tests the differences: absolute, relative to the largest element, and of whole vectors; a
@@ -61,7 +61,8 @@ TEST(Compare, ToleranceHoldsForSumsInAnotherOrder) {
     const torch::Tensor by_reduction = terms.sum(1);
     const torch::Tensor by_matmul = terms.matmul(torch::ones({4096}, dtype));
     EXPECT_LE(course::max_rel_diff(by_reduction, by_matmul), course::tolerance_for(dtype)) << dtype;
-    EXPECT_GT(course::max_rel_diff(terms.slice(1, 1).sum(1), by_matmul), course::tolerance_for(dtype))
+    EXPECT_GT(course::max_rel_diff(terms.slice(1, 1).sum(1), by_matmul),
+              course::tolerance_for(dtype))
         << dtype;
   }
   const torch::Tensor a = torch::randn({512, 512}), b = torch::randn({512, 512});

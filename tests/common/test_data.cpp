@@ -1,6 +1,8 @@
 // Tests of common/data.h: IDX files (bad ones are data errors), Fashion-MNIST (the real files, when
 // installed) and take().
 
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -8,9 +10,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "common/data.h"
 #include "fashion_mnist_test.h"
@@ -44,7 +43,8 @@ class IdxTest : public ::testing::Test {
   fs::path write_plain(const std::string& name, const std::vector<std::uint8_t>& bytes) {
     const fs::path path = dir_ / name;
     std::ofstream(path, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
     return path;
   }
   fs::path dir_;
@@ -199,7 +199,8 @@ TEST_F(FashionMnistTest, SplitsAsALessonStarts) {
                course::DataError);
 }
 
-// Tests that take() gives a split's first samples as views of it, and all of it when asked for more.
+// Tests that take() gives a split's first samples as views of it, and all of it when asked for
+// more.
 TEST(Take, FirstSamplesAsViews) {
   const course::ImageSet data{torch::rand({10, 28, 28}), torch::arange(10, torch::kLong)};
   const course::ImageSet first = course::take(data, 4);

@@ -2,14 +2,14 @@
 // line, byte counts; and the CPU threads and quotas that common/cli.h sets and reads. (The command
 // line itself is checked on every program: tests/CMakeLists.txt's cli tests.)
 
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
 #include <array>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "common/cli.h"
 #include "common/device.h"
@@ -54,7 +54,8 @@ TEST(ResolveDevice, IndexPastCountIsUsageError) {
   EXPECT_THROW(course::resolve_device("cuda:" + std::to_string(count)), course::UsageError);
   EXPECT_THROW(course::resolve_device("cuda:99"), course::UsageError);
   if (count > 0) {
-    EXPECT_EQ(course::resolve_device("cuda:" + std::to_string(count - 1)).device.index(), count - 1);
+    EXPECT_EQ(course::resolve_device("cuda:" + std::to_string(count - 1)).device.index(),
+              count - 1);
   }
 }
 
@@ -113,9 +114,9 @@ std::string cgroup_tree(const course::TemporaryFolder& root, const std::string& 
 // smallest taken and rounded up to whole cores; "max" is no quota.
 TEST(CpuQuota, CgroupV2SmallestUpTheTree) {
   course::TemporaryFolder root("cgroup-v2-");
-  const std::string self = cgroup_tree(root, "0::/box/job\n",
-                                       {{"box", "cpu.max", "250000 100000"},
-                                        {"box/job", "cpu.max", "max 100000"}});
+  const std::string self =
+      cgroup_tree(root, "0::/box/job\n",
+                  {{"box", "cpu.max", "250000 100000"}, {"box/job", "cpu.max", "max 100000"}});
   EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 3);  // 2.5 cores: 3 threads
   cgroup_tree(root, "", {{"box/job", "cpu.max", "150000 100000"}});
   EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 2);
@@ -127,9 +128,9 @@ TEST(CpuQuota, CgroupV2SmallestUpTheTree) {
 // line too), -1 is none, and no cgroup files at all is no quota.
 TEST(CpuQuota, CgroupV1CpuControllerAndNone) {
   course::TemporaryFolder root("cgroup-v1-");
-  const std::string self = cgroup_tree(root, "4:memory:/x\n2:cpu,cpuacct:/job\n0::/\n",
-                                       {{"cpu/job", "cpu.cfs_quota_us", "400000"},
-                                        {"cpu/job", "cpu.cfs_period_us", "100000"}});
+  const std::string self = cgroup_tree(
+      root, "4:memory:/x\n2:cpu,cpuacct:/job\n0::/\n",
+      {{"cpu/job", "cpu.cfs_quota_us", "400000"}, {"cpu/job", "cpu.cfs_period_us", "100000"}});
   EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 4);
   cgroup_tree(root, "", {{"cpu/job", "cpu.cfs_quota_us", "-1"}});
   EXPECT_EQ(course::cpu_quota_cores(root.path().string(), self), 0);

@@ -1,8 +1,7 @@
 // Tests of common/interrupt.h: Ctrl-C: a stop request, and what an abandoned epoch says.
 
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <torch/torch.h>
 
 #include "common/interrupt.h"

@@ -2,10 +2,10 @@
 // epoch's line or its Ctrl-C stop, a run of epochs and its Ctrl-C stop, how far apart two runs'
 // losses are, the epochs' timing after the first, and the table of timed runs with each run's
 // speed against the one before it.
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/interrupt.h"
 #include "common/report.h"
@@ -48,29 +48,39 @@ TEST(Report, EpochLineOrStop) {
 TEST(Report, RunEpochsOrStop) {
   int made = 0;
   testing::internal::CaptureStdout();
-  const auto epochs = course::run_epochs("pinned", 3, 100, [&] {
-    ++made;
-    return course::EpochStats{/*mean_loss=*/1.0 / made, /*seconds=*/1.0, /*samples=*/100, false};
-  }, "nothing saved");
+  const auto epochs = course::run_epochs(
+      "pinned", 3, 100,
+      [&] {
+        ++made;
+        return course::EpochStats{/*mean_loss=*/1.0 / made, /*seconds=*/1.0, /*samples=*/100,
+                                  false};
+      },
+      "nothing saved");
   const std::string shown = testing::internal::GetCapturedStdout();
   ASSERT_EQ(epochs.size(), 3u);
   EXPECT_DOUBLE_EQ(epochs[2].mean_loss, 1.0 / 3);
   EXPECT_TRUE(contains(shown, "  pinned   epoch 3/3  loss 0.3333")) << shown;
   try {
     testing::internal::CaptureStdout();
-    course::run_epochs("flat", 4, 100, [&] {
-      return course::EpochStats{1.0, 1.0, /*samples=*/40, /*interrupted=*/true};
-    }, "nothing saved");
+    course::run_epochs(
+        "flat", 4, 100,
+        [&] {
+          return course::EpochStats{1.0, 1.0, /*samples=*/40, /*interrupted=*/true};
+        },
+        "nothing saved");
     ADD_FAILURE() << "no Interrupted";
   } catch (const course::Interrupted& e) {
     EXPECT_STREQ(e.what(), "flat run, epoch 1 of 4, after 40 of 100 samples; nothing saved");
   }
   made = 0;
   try {
-    course::run_epochs("tutorial", 5, 100, [&]() -> course::EpochStats {
-      if (++made == 2) throw course::Interrupted("after step 7");
-      return {1.0, 1.0, 100, false};
-    }, "nothing saved");
+    course::run_epochs(
+        "tutorial", 5, 100,
+        [&]() -> course::EpochStats {
+          if (++made == 2) throw course::Interrupted("after step 7");
+          return {1.0, 1.0, 100, false};
+        },
+        "nothing saved");
     ADD_FAILURE() << "no Interrupted";
   } catch (const course::Interrupted& e) {
     EXPECT_STREQ(e.what(), "tutorial run, epoch 2 of 5, after step 7; nothing saved");
@@ -109,9 +119,9 @@ TEST(Report, EpochTimingLeavesTheFirstOut) {
 TEST(Report, TimedRuns) {
   course::Timing slow{/*median_s=*/2.0, 2.0, 2.0, 4}, fast{0.5, 0.5, 0.5, 4};
   testing::internal::CaptureStdout();
-  const std::string text = course::print_timed_runs(
-      {{"textbook", slow, 1000, 0.8712}, {"resident", fast, 1000, 0.8712}}, "s/epoch",
-      "samples/s", "test accuracy", "cpu");
+  const std::string text =
+      course::print_timed_runs({{"textbook", slow, 1000, 0.8712}, {"resident", fast, 1000, 0.8712}},
+                               "s/epoch", "samples/s", "test accuracy", "cpu");
   EXPECT_EQ(testing::internal::GetCapturedStdout(), text);
   EXPECT_TRUE(contains(text, "s/epoch: median (fastest-slowest)")) << text;
   EXPECT_TRUE(contains(text, "\ntextbook   2.000 s (2.000-2.000, 4 runs)")) << text;

@@ -1,10 +1,10 @@
 // Tests of common/temporary_folder.h: a temporary folder.
 
-#include <filesystem>
-#include <fstream>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "common/temporary_folder.h"
 

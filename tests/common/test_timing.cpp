@@ -1,19 +1,23 @@
 // Tests of common/timing.h: timing: medians, operator counts, what a timing says, per-piece
 // timings.
 
-#include <cmath>
-#include <string>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cmath>
+#include <string>
 
 #include "common/device.h"
 #include "common/timing.h"
 // Tests that the median lies between the fastest and slowest run and counts the runs.
 TEST(Timing, MedianIsBetweenMinAndMax) {
   int calls = 0;
-  const auto t = course::time_median([&] { ++calls; torch::mm(torch::ones({64, 64}), torch::ones({64, 64})); },
-                                     c10::Device(c10::kCPU), /*warmup=*/2, /*runs=*/5);
+  const auto t = course::time_median(
+      [&] {
+        ++calls;
+        torch::mm(torch::ones({64, 64}), torch::ones({64, 64}));
+      },
+      c10::Device(c10::kCPU), /*warmup=*/2, /*runs=*/5);
   EXPECT_EQ(calls, 7);
   EXPECT_EQ(t.runs, 5);
   EXPECT_LE(t.min_s, t.median_s);
@@ -27,7 +31,11 @@ TEST(Timing, CountOperatorsCountsEachDispatch) {
   const torch::Tensor a = torch::ones({8}), b = torch::ones({8});
   const std::int64_t one = course::count_operators([&] { (void)torch::add(a, b); });
   EXPECT_GE(one, 1);
-  EXPECT_EQ(course::count_operators([&] { (void)torch::add(a, b); (void)torch::add(a, b); }), 2 * one);
+  EXPECT_EQ(course::count_operators([&] {
+              (void)torch::add(a, b);
+              (void)torch::add(a, b);
+            }),
+            2 * one);
   EXPECT_EQ(course::count_operators([] {}), 0);
 }
 
@@ -59,7 +67,8 @@ TEST(Timing, DescribeAndBusy) {
 // Tests the note a lesson prints under its timings: the busy note when one of them spreads too
 // far; else a single run's note when one of them is one run; else nothing.
 TEST(Timing, NoteUnderTimings) {
-  const course::Timing steady{0.4, 0.39, 0.41, 5}, spread{0.4, 0.3, 0.6, 5}, single{0.4, 0.4, 0.4, 1};
+  const course::Timing steady{0.4, 0.39, 0.41, 5}, spread{0.4, 0.3, 0.6, 5},
+      single{0.4, 0.4, 0.4, 1};
   EXPECT_EQ(course::timing_note({steady, steady}), "");
   EXPECT_EQ(course::timing_note({}), "");
   EXPECT_EQ(course::timing_note({steady, spread}), course::busy_note() + "\n");

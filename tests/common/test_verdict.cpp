@@ -1,11 +1,11 @@
 // Tests of common/verdict.h: the verdict and its exit codes, error messages, the HINTs for a
 // learner's mistakes, report_error().
 
-#include <string>
-#include <vector>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <string>
+#include <vector>
 
 #include "common/interrupt.h"
 #include "common/verdict.h"
@@ -149,7 +149,9 @@ TEST(Hints, ReportErrorNamesALabTodo) {
   testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();
   const int code = lesson_main_guarded(
-      [](int, char**) -> int { throw std::logic_error("lab 02.1 is not done: move every parameter"); },
+      [](int, char**) -> int {
+        throw std::logic_error("lab 02.1 is not done: move every parameter");
+      },
       0, nullptr);
   const std::string err = testing::internal::GetCapturedStderr();
   const std::string out = testing::internal::GetCapturedStdout();

@@ -1,9 +1,11 @@
 // Tests of distributed/launch.h: torchrun's environment variables, what a rank says when it cannot
 // join or loses its job, ranks started on this host, a free port.
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,9 +14,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "common/child_process.h"
 #include "common/device.h"
@@ -25,12 +24,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value != nullptr)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (old_) setenv(name_.c_str(), old_->c_str(), 1);
-    else unsetenv(name_.c_str());
+    if (old_)
+      setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      unsetenv(name_.c_str());
   }
 
  private:
@@ -84,7 +87,8 @@ TEST(Launch, RankEnvironmentReadsBack) {
   std::vector<std::unique_ptr<ScopedEnv>> set;
   for (const std::string& entry : env) {
     const auto eq = entry.find('=');
-    set.push_back(std::make_unique<ScopedEnv>(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str()));
+    set.push_back(
+        std::make_unique<ScopedEnv>(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str()));
   }
   const auto info = course::rank_from_environment();
   ASSERT_TRUE(info.has_value());

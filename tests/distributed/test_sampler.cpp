@@ -1,10 +1,10 @@
 // Tests of distributed/sampler.h: a data-parallel job's sampler: every sample once an epoch, the
 // same order on every rank.
 
-#include <vector>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <vector>
 
 #include "distributed/sampler.h"
 // Tests that across ranks and steps every sample of an epoch is taken exactly once, and that a

@@ -7,8 +7,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: emptyCache
 #endif
 
-#include "memory/memory.h"
 #include "cuda_test.h"
+#include "memory/memory.h"
 // Tests that the counting allocator sees a tensor's bytes come and go, and its peak.
 TEST(CpuMemory, CountsTensorStorage) {
   course::install_counting_cpu_allocator();

@@ -71,8 +71,9 @@ TEST(StateDict, WrittenForPythonReadsBackEqual) {
     EXPECT_EQ(back[i].first, names[i]);
     EXPECT_TRUE(torch::equal(back[i].second, course::state_dict(*model)[i].second));
   }
-  EXPECT_NE(refusal_of([&] { course::write_python_state_dict({}, "/no/such/folder/sd.pt"); })
-                .find("cannot write /no/such/folder/sd.pt"),
+  EXPECT_NE(refusal_of([&] {
+              course::write_python_state_dict({}, "/no/such/folder/sd.pt");
+            }).find("cannot write /no/such/folder/sd.pt"),
             std::string::npos);
 }
 
@@ -236,8 +237,9 @@ TEST(StateDict, AdamStateByParameter) {
   Tiny wide(8);  // the same number of parameters, other shapes: Adam's own load takes the state
   torch::optim::Adam wide_adam(wide->parameters(), torch::optim::AdamOptions(1e-3));
   load(wide_adam);
-  EXPECT_NE(refusal_of([&] { course::check_adam_state(wide_adam, wide->parameters(), "x.pt"); })
-                .find("x.pt: Adam's state of parameter 0 is [4, 3], the parameter [8, 3]"),
+  EXPECT_NE(refusal_of([&] {
+              course::check_adam_state(wide_adam, wide->parameters(), "x.pt");
+            }).find("x.pt: Adam's state of parameter 0 is [4, 3], the parameter [8, 3]"),
             std::string::npos);
   EXPECT_NE(course::tensor_crc32(0, torch::ones({3})), course::tensor_crc32(0, torch::zeros({3})));
   // load_adam_checked: the same state loads; another shape, or an archive without one, does not.
@@ -257,8 +259,9 @@ TEST(StateDict, AdamStateByParameter) {
   EXPECT_EQ(course::max_state_diff(*model, adam, *model, adam), 0.0);
   torch::optim::Adam wider(wide->parameters(), torch::optim::AdamOptions(1e-3));
   archive = archive_of(saved.str());
-  EXPECT_NE(refusal_of([&] { course::load_adam_checked(wider, archive, "w.pt"); })
-                .find("w.pt: Adam's state of parameter 0 is [4, 3]"),
+  EXPECT_NE(refusal_of([&] {
+              course::load_adam_checked(wider, archive, "w.pt");
+            }).find("w.pt: Adam's state of parameter 0 is [4, 3]"),
             std::string::npos);
   torch::serialize::OutputArchive weights;
   weights.write("fc1.weight", torch::zeros({4, 3}));

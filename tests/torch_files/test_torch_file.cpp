@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "torch_files/torch_file.h"
 #include "scratch_files.h"
+#include "torch_files/torch_file.h"
 
 namespace {
 
@@ -90,12 +90,12 @@ TEST_F(TorchFileTest, GoodFilesPassAndReadBack) {
   EXPECT_FALSE(sd.has_record("constants.pkl"));
   const c10::IValue value = course::read_torch_save(sd);
   ASSERT_TRUE(value.isGenericDict());
-  EXPECT_TRUE(torch::equal(value.toGenericDict().at("bias").toTensor(), torch::tensor({7.0f, 8.0f})));
+  EXPECT_TRUE(
+      torch::equal(value.toGenericDict().at("bias").toTensor(), torch::tensor({7.0f, 8.0f})));
   for (const std::string seed : {"py1.13-linear-state_dict.pt", "py2.11-linear-state_dict.pt",
                                  "py2.11-transposed.pt", "py1.13-plain-dict.pt"}) {
-    const course::TorchFile python =
-        course::check_torch_file(std::string(TORCH_FILE_SEEDS) + "/" + seed,
-                                 course::CrcCheck::kEveryRecord);
+    const course::TorchFile python = course::check_torch_file(
+        std::string(TORCH_FILE_SEEDS) + "/" + seed, course::CrcCheck::kEveryRecord);
     EXPECT_EQ(python.refusal, "") << seed;
     const c10::IValue read = course::read_torch_save(python);
     ASSERT_TRUE(read.isGenericDict()) << seed;
@@ -132,7 +132,8 @@ TEST_F(TorchFileTest, DamagedRecordIsFoundByItsCrc) {
   ASSERT_NE(at, std::string::npos);
   bytes[at + 3] ^= 0x01;
   write_bytes(file("damaged.pt"), bytes);
-  const course::TorchFile every = course::check_torch_file(file("damaged.pt"), course::CrcCheck::kEveryRecord);
+  const course::TorchFile every =
+      course::check_torch_file(file("damaged.pt"), course::CrcCheck::kEveryRecord);
   EXPECT_EQ(every.damaged_record, "data/1");
   EXPECT_NE(every.refusal.find("its entry data/1 does not match the CRC-32"), std::string::npos)
       << every.refusal;
@@ -156,7 +157,8 @@ TEST_F(TorchFileTest, FilesLibTorchsReaderWouldLeakOnAreRefused) {
       return course::check_torch_file(path, course::CrcCheck::kStructure).refusal;
     };
     EXPECT_EQ(refusal(file("unversioned.pt")), "it has no format version") << good;
-    EXPECT_NE(refusal(with_version(good, "v99.pt", "99\n")).find("its format version is not one LibTorch reads"),
+    EXPECT_NE(refusal(with_version(good, "v99.pt", "99\n"))
+                  .find("its format version is not one LibTorch reads"),
               std::string::npos);
     caffe2::serialize::PyTorchStreamReader reader(good);
     const std::string record = reader.hasRecord(".data/version") ? ".data/version" : "version";
@@ -179,7 +181,8 @@ TEST_F(TorchFileTest, FilesLibTorchsReaderWouldLeakOnAreRefused) {
   EXPECT_EQ(course::check_torch_file(file("empty.pt"), course::CrcCheck::kStructure).refusal,
             "the file is empty");
   write_bytes(file("noise.pt"), std::string(1000, 'x'));
-  EXPECT_NE(course::check_torch_file(file("noise.pt"), course::CrcCheck::kStructure).refusal.find("no zip directory"),
+  EXPECT_NE(course::check_torch_file(file("noise.pt"), course::CrcCheck::kStructure)
+                .refusal.find("no zip directory"),
             std::string::npos);
 }
 
@@ -216,7 +219,10 @@ TEST_F(TorchFileTest, SourcesHoldingMoreThanAttributesAreRefused) {
   EXPECT_EQ(course::check_torch_file(file("nested.pt"), course::CrcCheck::kEveryRecord).refusal,
             "");
 
-  const std::string object = bytes_of("\x80\x02" "c__torch__\nModule\nq\x00)\x81}q\x01" "b.");
+  const std::string object = bytes_of(
+      "\x80\x02"
+      "c__torch__\nModule\nq\x00)\x81}q\x01"
+      "b.");
   const std::string head =
       "class Module(Module):\n  __parameters__ = [\"w\", ]\n  __buffers__ = []\n";
   const std::vector<std::string> lines = {
@@ -285,13 +291,15 @@ TEST_F(TorchFileTest, PicklesLibTorchsUnpicklerCannotTakeAreRefused) {
     std::string name = std::to_string(index++);
     name += ".pt";
     const std::string path = zip(name, {{"data.pkl", pickle}, {"data/0", ten_floats}});
-    const course::TorchFile checked = course::check_torch_file(path, course::CrcCheck::kEveryRecord);
+    const course::TorchFile checked =
+        course::check_torch_file(path, course::CrcCheck::kEveryRecord);
     EXPECT_NE(checked.refusal.find(expected), std::string::npos)
         << "case " << index - 1 << ": " << checked.refusal << " (expected: " << expected << ")";
     // The same pickle checked on its own, as a reader checks a pickle it rewrote.
     EXPECT_EQ(course::pickle_refusal(pickle, checked, "data.pkl"), checked.refusal);
   }
-  const std::string fits = zip("fits.pt", {{"data.pkl", storage + bytes_of("K\x0atQ.")}, {"data/0", ten_floats}});
+  const std::string fits =
+      zip("fits.pt", {{"data.pkl", storage + bytes_of("K\x0atQ.")}, {"data/0", ten_floats}});
   EXPECT_EQ(course::check_torch_file(fits, course::CrcCheck::kEveryRecord).refusal, "");
 }
 
@@ -326,8 +334,9 @@ TEST(GeneratorState, RefusedBeforeItIsRestored) {
   EXPECT_EQ(course::generator_state_refusal(torch::kCPU, good), "");
   EXPECT_EQ(course::generator_state_refusal(torch::kCPU, good.to(torch::kFloat)),
             "not a contiguous byte vector");
-  EXPECT_EQ(course::generator_state_refusal(torch::kCPU, torch::cat({good, good}).slice(0, 0, -1, 2)),
-            "not a contiguous byte vector");
+  EXPECT_EQ(
+      course::generator_state_refusal(torch::kCPU, torch::cat({good, good}).slice(0, 0, -1, 2)),
+      "not a contiguous byte vector");
   EXPECT_NE(course::generator_state_refusal(torch::kCPU, good.slice(0, 0, 10).clone()), "");
   EXPECT_TRUE(torch::equal(torch::rand({4}), next));  // the generator was put back each time
 }
@@ -347,7 +356,8 @@ TEST_F(TorchFileTest, DamageAnywhereIsRefusedOrHarmless) {
   std::size_t damage_at = 0;
   const auto check = [&](const std::string& damaged) {
     write_bytes(file("damaged.pt"), damaged);
-    const course::TorchFile checked = course::check_torch_file(file("damaged.pt"), course::CrcCheck::kEveryRecord);
+    const course::TorchFile checked =
+        course::check_torch_file(file("damaged.pt"), course::CrcCheck::kEveryRecord);
     if (!checked.refusal.empty()) {
       refused += 1;
       return;
@@ -356,7 +366,8 @@ TEST_F(TorchFileTest, DamageAnywhereIsRefusedOrHarmless) {
       const c10::IValue value = course::read_torch_save(checked);
       read += 1;
       ASSERT_TRUE(value.isGenericDict());
-      EXPECT_TRUE(torch::equal(value.toGenericDict().at("bias").toTensor(), torch::tensor({7.0f, 8.0f})))
+      EXPECT_TRUE(
+          torch::equal(value.toGenericDict().at("bias").toTensor(), torch::tensor({7.0f, 8.0f})))
           << "damage at " << damage_at;
     } catch (const std::exception&) {
       refused += 1;  // LibTorch's own refusal of what the check let through
