@@ -34,8 +34,9 @@ fi
 
 # libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09 and 14, CPU ranks);
 # neither LibTorch flavour ships them.
+# clang-format: Debian 12's is version 14, the one scripts/check-format (the suite's style check) uses.
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen
-          dataset-fashion-mnist libgloo-dev python3 python3-matplotlib)
+          clang-format dataset-fashion-mnist libgloo-dev python3 python3-matplotlib)
 case "$flavour" in
   # clang: the presets' compiler (on LibTorch's headers it compiles in less than half the time
   # g++ takes); its runtimes: the sanitizers and the fuzz targets (libFuzzer).
