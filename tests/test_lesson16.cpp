@@ -31,10 +31,6 @@ const lesson16::Profiles& cpu_profiles(const course::ImageSet& train) {
   return profiles;
 }
 
-lesson16::Event host(const std::string& name, double start, double end, std::uint64_t thread = 1) {
-  return {name, start, end, thread, false, {}};
-}
-
 }  // namespace
 
 class ProfileTest : public FashionMnistTest {};
@@ -82,29 +78,6 @@ TEST(CheckProfile, AMissingRangeFails) {
   course::Verdict verdict;
   lesson16::check_profile(t, f, 2, 6, torch::kCPU, verdict);
   EXPECT_EQ(verdict.finish("test"), 1);
-}
-
-// Tests the op table's sums: a parent's self time leaves out the events directly inside it on its
-// thread, not those on another thread; device events count as device time only.
-TEST(KeyAverages, SelfTimeLeavesOutChildren) {
-  const std::vector<lesson16::Event> events = {
-      host("forward", 0, 100),
-      host("aten::linear", 10, 60),
-      host("aten::addmm", 20, 50),
-      host("aten::relu", 70, 80),
-      host("aten::addmm", 5, 95, 2),  // another thread: nobody's child
-      {"volta_sgemm", 30, 45, 7, true, {}},
-  };
-  std::map<std::string, lesson16::OpRow> rows;
-  for (const auto& row : lesson16::key_averages(events)) rows[row.name] = row;
-  EXPECT_DOUBLE_EQ(rows["forward"].total_us, 100);
-  EXPECT_DOUBLE_EQ(rows["forward"].self_us, 100 - 50 - 10);
-  EXPECT_DOUBLE_EQ(rows["aten::linear"].self_us, 50 - 30);
-  EXPECT_EQ(rows["aten::addmm"].calls, 2);
-  EXPECT_DOUBLE_EQ(rows["aten::addmm"].self_us, 30 + 90);
-  EXPECT_DOUBLE_EQ(rows["aten::relu"].self_us, 10);
-  EXPECT_DOUBLE_EQ(rows["volta_sgemm"].device_us, 15);
-  EXPECT_DOUBLE_EQ(rows["volta_sgemm"].total_us, 0);
 }
 
 // Tests the names of the two trace files that --trace FILE writes.
