@@ -27,24 +27,20 @@
 #include <map>
 #include <optional>
 
-#ifdef GPU_LESSONS_WITH_CUDA         // CMake defines it when this LibTorch has CUDA
-#include <ATen/cuda/CUDAGraph.h>     // defines: at::cuda::CUDAGraph (capture, replay)
-#include <c10/cuda/CUDAFunctions.h>  // defines: c10::cuda::device_synchronize, C10_CUDA_CHECK
-#include <c10/cuda/CUDAGuard.h>      // defines: c10::cuda::CUDAStreamGuard
-#include <c10/cuda/CUDAStream.h>     // defines: c10::cuda::getStreamFromPool
-#endif
-
 #include "common/ann.h"              // defines: ANN, kTrainingFlopsPerSample, lesson 05's loop
 #include "common/cli.h"              // defines: Cli, start_lesson
 #include "common/compare.h"          // defines: tolerance_for
 #include "common/data.h"             // defines: ImageSet, load_fashion_mnist_splits
 #include "common/device.h"           // defines: why_no_cuda, synchronize
-#include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
+#include "common/flat_parameters.h"  // defines: flatten_parameters (lesson 11's)
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
 #include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs, format
 #include "common/timing.h"           // defines: time_median, count_operators, matmul_rate
 #include "common/verdict.h"          // defines: Verdict, report_error
-#include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
+#include "device_shuffle.h"          // defines: EpochData, DeviceShuffler (the batches)
+#include "flat_trainer.h"            // defines: FlatTrainer, StepBuffers (the fused step's state)
+#include "floors.h"                  // defines: print_floors (part 3)
+#include "graphed_epoch.h"           // defines: GraphedEpoch (the "graphed" form)
 
 namespace lesson17 {
 
@@ -67,59 +63,10 @@ constexpr double kStepTolerance = 10 * course::tolerance_for(torch::kFloat);
 // The course's goal for the graphed epoch (printed, never checked): about 1 us for each kernel of
 // the epoch's 938 steps, set before any GPU ran the lesson; an H200's run is on the page.
 constexpr double kGoalEpochMs = 25;
-constexpr std::int64_t kPixels = 28 * 28, kClasses = 10;
 //! [knobs]
 
 using course::ANN;  // the tutorial's ANN (fc1, fc2, out): one seed, lesson 05's weights
-
-// ---- the batches: the dataset on the device, shuffled there -------------------------------------
-//! [shuffle]
-// One epoch's samples in their shuffled order, on the device: batch k is a slice of them, made
-// once (a view, no copy), so a step reads its batch where the shuffle wrote it.
-struct EpochData {
-  torch::Tensor images, labels;  // [N, 784] float32 and [N] int64, in this epoch's order
-  std::vector<torch::Tensor> batch_images, batch_labels;  // slices of 64 (the last may be fewer)
-  torch::Tensor losses;                   // [steps] float32: each step writes its loss here,
-  std::vector<torch::Tensor> loss_slots;  // into its own slot, and the epoch reads them once
-  EpochData(std::int64_t samples, std::int64_t batch_size, const torch::Device& device)
-      : images(torch::empty({samples, kPixels}, torch::TensorOptions().device(device))),
-        labels(torch::empty({samples}, torch::dtype(torch::kLong).device(device))),
-        losses(torch::zeros({(samples + batch_size - 1) / batch_size},
-                            torch::TensorOptions().device(device))) {
-    for (std::int64_t start = 0; start < samples; start += batch_size) {
-      const std::int64_t size = std::min(batch_size, samples - start);
-      batch_images.push_back(images.narrow(0, start, size));
-      batch_labels.push_back(labels.narrow(0, start, size));
-      loss_slots.push_back(losses[start / batch_size]);
-    }
-  }
-  std::int64_t steps() const { return static_cast<std::int64_t>(batch_labels.size()); }
-};
-
-// The whole training set, copied to the device once. As LibTorch's RandomSampler, it draws an
-// order as it is made and another as each epoch starts: from one seed, on the CPU, the same
-// batches as lesson 05's DataLoader. On a GPU the order is drawn by the GPU's own generator.
-class DeviceShuffler {
- public:
-  DeviceShuffler(const course::ImageSet& train, const torch::Device& device)
-      : images_(train.images.reshape({-1, kPixels}).to(device)), labels_(train.labels.to(device)) {
-    new_order();
-  }
-  // Three operators per epoch, on the device: a new order, both gathers into `epoch` (its size).
-  void shuffle(EpochData& epoch) {
-    new_order();
-    const torch::Tensor order = order_.narrow(0, 0, epoch.images.size(0));
-    torch::index_select_out(epoch.images, images_, 0, order);
-    torch::index_select_out(epoch.labels, labels_, 0, order);
-  }
-
- private:
-  void new_order() {
-    order_ = torch::randperm(labels_.size(0), torch::dtype(torch::kLong).device(images_.device()));
-  }
-  torch::Tensor images_, labels_, order_;
-};
-//! [shuffle]
+// The batches: the dataset on the device, shuffled there once per epoch (device_shuffle.h).
 
 // ---- 1. "tutorial" and "resident": lesson 05's step ---------------------------------------------
 //! [tutorial-step]
@@ -152,26 +99,8 @@ void tutorial_step(Trainer& trainer, const torch::Tensor& images, const torch::T
 //! [tutorial-step]
 
 // ---- 2. "fused": the backward pass written out, in the fewest operators -------------------------
-//! [flat-trainer]
-// The fused step's results for batches of one size, made once: every operator of the step writes
-// into one of these (its out= form), so a step makes no tensor of its own. The transposed views
-// too: .t() is free for the device, but costs the host t, transpose and as_strided at each call.
-struct StepBuffers {
-  torch::Tensor h1, h2, logits, log_probs, d_out, d_h2, d_h1;
-  torch::Tensor minus_ones, ones;         // -1 at each label (softmax - one_hot); ones: d^T ones
-  torch::Tensor total_weight;             // what the loss divides by (B): nll_loss's second result
-  torch::Tensor d_out_t, d_h2_t, d_h1_t;  // d_out.t(), d_h2.t(), d_h1.t()
-};
-
-struct FlatTrainer {  // the model's parameters in flat.values, their gradients in flat.gradients
-  ANN model;
-  course::FlatParameters flat;
-  torch::Tensor fc1_t, fc2_t, out_t;              // the weights transposed: views, made once
-  torch::Tensor exp_avg, exp_avg_sq, step;        // Adam's state, on the device
-  std::unique_ptr<torch::optim::Adam> optimizer;  // where LibTorch has no fused Adam for the device
-  std::map<std::int64_t, StepBuffers> buffers;    // per batch size
-};
-
+// Its state (FlatTrainer, StepBuffers, has_fused_adam, buffers_for): flat_trainer.h, beside this.
+//! [make-flat-trainer]
 FlatTrainer make_flat_trainer(const torch::Device& device, std::uint64_t seed) {
   torch::manual_seed(seed);  // the tutorial's first weights
   FlatTrainer t;
@@ -186,28 +115,7 @@ FlatTrainer make_flat_trainer(const torch::Device& device, std::uint64_t seed) {
   t.step = torch::zeros({}, t.flat.values.options());  // float32, as Python's fused Adam
   return t;
 }
-
-// Whether LibTorch has a fused Adam kernel for `device`: CUDA's since 1.13, the CPU's since 2.4;
-// without one the fused form keeps LibTorch's Adam over the one flat tensor, and says so.
-bool has_fused_adam(const torch::Device& device) {
-  return device.is_cuda() || GPU_LESSONS_TORCH_AT_LEAST(2, 4);
-}
-
-StepBuffers& buffers_for(FlatTrainer& trainer, std::int64_t rows) {
-  StepBuffers& b = trainer.buffers[rows];
-  if (!b.h1.defined()) {
-    const auto on = trainer.flat.values.options();
-    b.h1 = torch::empty({rows, 128}, on), b.d_h1 = torch::empty({rows, 128}, on);
-    b.h2 = torch::empty({rows, 64}, on), b.d_h2 = torch::empty({rows, 64}, on);
-    b.logits = torch::empty({rows, kClasses}, on), b.log_probs = torch::empty_like(b.logits);
-    b.d_out = torch::empty_like(b.logits);
-    b.minus_ones = torch::full({rows, 1}, -1.0, on), b.ones = torch::ones({rows}, on);
-    b.total_weight = torch::empty({}, on);
-    b.d_out_t = b.d_out.t(), b.d_h2_t = b.d_h2.t(), b.d_h1_t = b.d_h1.t();
-  }
-  return b;
-}
-//! [flat-trainer]
+//! [make-flat-trainer]
 
 //! [fused-step]
 void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tensor& labels,
@@ -270,64 +178,7 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
 //! [fused-step]
 
 // ---- 3. "graphed": the fused epoch in one CUDA graph --------------------------------------------
-//! [graphed-epoch]
-// The fused step for every batch of `epoch`, captured once and replayed once per epoch: one launch
-// for all its kernels. The graph reads `epoch`'s images and labels and writes its losses, tensors
-// whose addresses never change: shuffle into them before replay().
-class GraphedEpoch {
- public:
-  GraphedEpoch([[maybe_unused]] FlatTrainer& trainer, EpochData& epoch) {
-    const torch::Device device = epoch.losses.device();
-    if (!device.is_cuda())
-      throw course::CourseError("a CUDA graph needs a CUDA device, and this is " + device.str(),
-                                "run with --device cuda on a machine with a GPU");
-#ifdef GPU_LESSONS_WITH_CUDA
-    // Warm-up steps on the capture stream: cuBLAS, its workspaces and the step's buffers are made
-    // once, before the capture, which must not. They train, so the state is put back after them.
-    const std::vector<torch::Tensor> state = {trainer.flat.values, trainer.exp_avg,
-                                              trainer.exp_avg_sq, trainer.step};
-    std::vector<torch::Tensor> saved;
-    for (const auto& t : state) saved.push_back(t.clone());
-    c10::cuda::device_synchronize();
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
-    {
-      c10::cuda::CUDAStreamGuard on_side_stream(side);
-      for (int round = 0; round < 2; ++round)  // the first batch and the last (it may be smaller)
-        for (const std::int64_t k : {std::int64_t{0}, epoch.steps() - 1})
-          fused_step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
-      for (size_t i = 0; i < state.size(); ++i) state[i].detach().copy_(saved[i]);
-      c10::cuda::device_synchronize();  // the capture starts from a GPU with nothing queued
-#if GPU_LESSONS_TORCH_AT_LEAST(2, 8)  // the graph kept after the capture: its nodes can be counted
-      graph_.emplace(/*keep_graph=*/true);
-#else
-      graph_.emplace();
-#endif
-      graph_->capture_begin();  // from here kernels are recorded, not run
-      for (std::int64_t k = 0; k < epoch.steps(); ++k)
-        fused_step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
-      graph_->capture_end();
-#if GPU_LESSONS_TORCH_AT_LEAST(2, 8)
-      C10_CUDA_CHECK(cudaGraphGetNodes(graph_->raw_cuda_graph(), nullptr, &kernels_));
-      graph_->instantiate();
-#endif
-    }
-    c10::cuda::device_synchronize();
-#endif
-  }
-  std::size_t kernels() const { return kernels_; }  // the graph's nodes (0: not counted)
-  void replay() {  // one epoch: every step's kernels, one launch from the host
-#ifdef GPU_LESSONS_WITH_CUDA
-    graph_->replay();
-#endif
-  }
-
- private:
-  std::size_t kernels_ = 0;
-#ifdef GPU_LESSONS_WITH_CUDA
-  std::optional<at::cuda::CUDAGraph> graph_;
-#endif
-};
-//! [graphed-epoch]
+// The fused step for every batch of an epoch, in one CUDA graph: GraphedEpoch, graphed_epoch.h.
 
 // ---- an epoch of each form ----------------------------------------------------------------------
 using course::EpochStats;  // an epoch's mean loss, seconds, samples, and whether Ctrl-C stopped it
@@ -454,27 +305,6 @@ double relative_difference(const torch::Tensor& got, const torch::Tensor& expect
 }
 //! [check-forms]
 
-// ---- the floor each form is near ----------------------------------------------------------------
-// On CUDA, what a graph costs per kernel it replays: a graph of 1,000 one-element kernels, each
-// waiting for the one before (as a training step's do), the median of 5 replays per kernel.
-double replay_seconds_per_kernel([[maybe_unused]] const torch::Device& device) {
-#ifdef GPU_LESSONS_WITH_CUDA
-  torch::Tensor x = torch::zeros({1}, torch::TensorOptions().device(device));
-  at::cuda::CUDAGraph graph;
-  {
-    c10::cuda::CUDAStreamGuard on_side_stream(c10::cuda::getStreamFromPool(false, device.index()));
-    x.add_(1);  // warm-up, before the capture
-    c10::cuda::device_synchronize();
-    graph.capture_begin();
-    for (int i = 0; i < 1000; ++i) x.add_(1);
-    graph.capture_end();
-  }
-  return course::time_median([&] { graph.replay(); }, device, 2, 5).median_s / 1000;
-#else
-  return 0;  // no CUDA in this LibTorch: never called
-#endif
-}
-
 // ---- the lesson ---------------------------------------------------------------------------------
 // ATen operators one step of `run` dispatches, counted on a second step of a fresh trainer (the
 // first makes the fused step's buffers). The profiler counts nested operators and views too.
@@ -504,8 +334,10 @@ void run_lesson(const std::vector<std::string>& runs, const course::ImageSet& tr
   const auto losses = losses_on_same_batches(train, check_steps, device, seed, &kernels);
   for (const auto& [form, before] : std::vector<std::pair<std::string, std::string>>{
            {"fused", "tutorial"}, {"graphed", "fused"}}) {
-    if (losses.count(form) == 0) std::printf("  %s: (skipped: needs CUDA)\n", form.c_str());
-    if (losses.count(form) == 0) continue;
+    if (losses.count(form) == 0) {
+      std::printf("  %s: (skipped: needs CUDA)\n", form.c_str());
+      continue;
+    }
     const double diff = relative_difference(losses.at(form), losses.at(before));
     verdict.check(diff <= kStepTolerance, form + " trains as " + before,
                   course::format("largest relative loss difference %.2e over %d steps (tolerance"
@@ -517,39 +349,20 @@ void run_lesson(const std::vector<std::string>& runs, const course::ImageSet& tr
   std::map<std::string, RunResult> results;
   std::vector<course::TimedRun> rows;
   for (const auto& run : runs) {
-    if (run == "graphed" && !device.is_cuda()) std::printf("  graphed: (skipped: needs CUDA)\n");
-    if (run == "graphed" && !device.is_cuda()) continue;
+    if (run == "graphed" && !device.is_cuda()) {
+      std::printf("  graphed: (skipped: needs CUDA)\n");
+      continue;
+    }
     results[run] = train_and_evaluate(train, test, run, epochs, device, seed);
     rows.push_back({run, course::epoch_timing(results[run].epochs),  // after the first epoch
                     static_cast<double>(train.labels.size(0)), results[run].accuracy});
   }
   course::print_timed_runs(rows, "ms/epoch", "samples/s", "test accuracy", device.str());
 
-  // What bounds each form: its operators per step, and the time each costs.
-  const double steps = static_cast<double>((train.labels.size(0) + kBatchSize - 1) / kBatchSize);
-  std::printf("\n3. operators per step, and the floor\n  %-9s %13s %13s\n", "form", "ops/step",
-              "us per op");
-  double fastest = 0;
-  for (const auto& row : rows) {
-    const long long ops = operators_per_step(row.name, train, device, seed);
-    fastest = fastest == 0 ? row.timing.median_s : std::min(fastest, row.timing.median_s);
-    std::printf("  %-9s %13lld %13.2f\n", row.name.c_str(), ops,
-                row.timing.median_s / steps / static_cast<double>(ops) * 1e6);
-  }
-  const double flops = course::kTrainingFlopsPerSample * static_cast<double>(train.labels.size(0));
-  const double rate = course::matmul_rate(device);
-  std::printf(
-      "  compute floor: %.1f GFLOP per epoch at %.0f GFLOP/s (a 1024x1024 product on "
-      "%s) = %.1f ms per epoch; the fastest form took %.1fx it\n",
-      flops / 1e9, rate / 1e9, device.str().c_str(), flops / rate * 1e3, fastest / (flops / rate));
-  if (kernels > 0) {
-    const double per_kernel = replay_seconds_per_kernel(device);
-    std::printf(
-        "  launch floor: %.0f kernels per step in the graph x %.0f steps x %.2f us per kernel a "
-        "graph replays = %.1f ms per epoch (the goal, the course's, about 1 us a kernel: "
-        "%.0f ms)\n",
-        kernels, steps, per_kernel * 1e6, kernels * steps * per_kernel * 1e3, kGoalEpochMs);
-  }
+  // What bounds each form: its operators per step, and the time each costs (floors.h).
+  print_floors(
+      rows, [&](const std::string& run) { return operators_per_step(run, train, device, seed); },
+      train.labels.size(0), kBatchSize, kernels, kGoalEpochMs, device);
 
   if (results.count("resident") && results.count("tutorial") && device.is_cpu()) {
     const double diff =  // a GPU draws its orders with its own generator: other batches
