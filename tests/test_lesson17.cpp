@@ -132,7 +132,7 @@ TEST(GraphedEpoch, OnTheCpuSaysItNeedsCuda) {
   lesson17::FlatTrainer trainer = lesson17::make_flat_trainer(torch::kCPU, 1);
   lesson17::EpochData epoch(64, 64, torch::kCPU);
   try {
-    lesson17::GraphedEpoch graph(trainer, epoch);
+    lesson17::GraphedEpoch graph(trainer, epoch, lesson17::fused_step);
     FAIL() << "no error";
   } catch (const course::CourseError& error) {
     EXPECT_NE(std::string(error.what()).find("needs a CUDA device"), std::string::npos);
@@ -166,7 +166,7 @@ TEST_F(GraphedOnCuda, GraphedEpochTrainsAsTheFusedStep) {
   shuffler.shuffle(epoch);
   lesson17::FlatTrainer eager = lesson17::make_flat_trainer(device, lesson17::kSeed);
   lesson17::FlatTrainer graphed = lesson17::make_flat_trainer(device, lesson17::kSeed);
-  lesson17::GraphedEpoch graph(graphed, epoch);  // its warm-up puts the state back
+  lesson17::GraphedEpoch graph(graphed, epoch, lesson17::fused_step);  // warm-up: state put back
   for (int pass = 0; pass < 2; ++pass) {
     graph.replay();
     const torch::Tensor by_graph = epoch.losses.clone();

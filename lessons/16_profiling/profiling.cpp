@@ -1,8 +1,9 @@
 // Lesson 16 (going further) — profiling: where a training step's time goes, shown by LibTorch's
 // own profiler (the one behind Python's torch.profiler), for lesson 05's loop and lesson 11's.
 //
-// The tutorials say: copy between host and device as little as you can, keep .item() out of the
-// loop, prefer one tensor operation to many. Earlier lessons time each with a stopwatch. A
+// Tutorial 004 says: minimize the data moved between host and device, prefer vectorized
+// operations; lesson 11 adds: keep .item() out of the loop. Earlier lessons time each with a
+// stopwatch. A
 // profiler opens the step up: it records every ATen operator each step runs, with its thread,
 // start and length, and on a GPU every kernel and copy.
 //

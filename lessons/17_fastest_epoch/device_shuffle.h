@@ -12,9 +12,9 @@
 
 namespace lesson17 {
 
+//! [shuffle]
 constexpr std::int64_t kPixels = 28 * 28;  // a Fashion-MNIST image, flattened
 
-//! [shuffle]
 // One epoch's samples in their shuffled order, on the device: batch k is a slice of them, made
 // once (a view, no copy), so a step reads its batch where the shuffle wrote it.
 struct EpochData {

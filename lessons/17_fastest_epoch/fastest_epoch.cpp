@@ -181,10 +181,12 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
 // The fused step for every batch of an epoch, in one CUDA graph: GraphedEpoch, graphed_epoch.h.
 
 // ---- an epoch of each form ----------------------------------------------------------------------
-using course::EpochStats;  // an epoch's mean loss, seconds, samples, and whether Ctrl-C stopped it
+//! [resident-epoch]
+// EpochStats: an epoch's mean loss, its seconds, the samples it saw and whether Ctrl-C stopped it.
+using course::EpochStats;
+// A step on one batch: its images, its labels, and the slot its loss goes into.
 using Step = std::function<void(const torch::Tensor&, const torch::Tensor&, torch::Tensor)>;
 
-//! [resident-epoch]
 // One epoch of a resident form: the shuffle on the device, `step` on each batch (its loss into its
 // slot), then the losses read once: the one wait for the GPU, per epoch.
 EpochStats resident_epoch(DeviceShuffler& shuffler, EpochData& epoch, const torch::Device& device,
@@ -206,7 +208,7 @@ EpochStats graphed_epoch(DeviceShuffler& shuffler, EpochData& epoch, FlatTrainer
                          std::optional<GraphedEpoch>& graph, const torch::Device& device) {
   course::Stopwatch watch(device);
   shuffler.shuffle(epoch);
-  if (!graph) graph.emplace(trainer, epoch);
+  if (!graph) graph.emplace(trainer, epoch, fused_step);
   graph->replay();
   const double total_loss = epoch.losses.sum(torch::kDouble).item<double>();
   return {total_loss / static_cast<double>(epoch.steps()), watch.seconds(), epoch.images.size(0),
@@ -290,7 +292,7 @@ std::map<std::string, torch::Tensor> losses_on_same_batches(const course::ImageS
   losses["fused"] = train_steps([&](auto& x, auto& y, auto l) { fused_step(fused, x, y, l); });
   if (device.is_cuda()) {
     FlatTrainer graphed = make_flat_trainer(device, seed);
-    GraphedEpoch graph(graphed, batches);
+    GraphedEpoch graph(graphed, batches, fused_step);
     graph.replay();  // all the steps: one replay
     losses["graphed"] = batches.losses.clone();
     if (kernels != nullptr) *kernels = static_cast<double>(graph.kernels()) / steps;

@@ -14,9 +14,9 @@
 
 namespace lesson17 {
 
+//! [flat-trainer]
 constexpr std::int64_t kClasses = 10;  // the ANN's outputs (its layers: 784, 128, 64, 10)
 
-//! [flat-trainer]
 // The fused step's results for batches of one size, made once: every operator of the step writes
 // into one of these (its out= form), so a step makes no tensor of its own. The transposed views
 // too: .t() is free for the device, but costs the host t, transpose and as_strided at each call.

@@ -25,6 +25,7 @@
 
 namespace lesson17 {
 
+//! [replay-floor]
 // On CUDA, what a graph costs per kernel it replays: a graph of 1,000 one-element kernels, each
 // waiting for the one before (as a training step's do), the median of 5 replays per kernel.
 inline double replay_seconds_per_kernel([[maybe_unused]] const torch::Device& device) {
@@ -44,6 +45,7 @@ inline double replay_seconds_per_kernel([[maybe_unused]] const torch::Device& de
   return 0;  // no CUDA in this LibTorch: never called
 #endif
 }
+//! [replay-floor]
 
 // Part 3: for each timed form (`rows`, its median epoch), its operators per step
 // (`ops_per_step(name)`) and the time each took; the compute floor; with `kernels` per step in

@@ -1,11 +1,12 @@
-// graphed_epoch.h defines: GraphedEpoch, lesson 17's "graphed" form: the fused step for every
-// batch of an epoch, captured once as one CUDA graph and replayed once per epoch.
+// graphed_epoch.h defines: GraphedEpoch, lesson 17's "graphed" form: a step (the lesson's fused
+// step) for every batch of an epoch, captured once as one CUDA graph and replayed once per epoch.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -23,24 +24,28 @@
 
 namespace lesson17 {
 
-// The step the graph records: the fused step, part 2 of fastest_epoch.cpp.
-void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tensor& labels,
-                torch::Tensor loss_out);
-
 //! [graphed-epoch]
-// The fused step for every batch of `epoch`, captured once and replayed once per epoch: one launch
-// for all its kernels. The graph reads `epoch`'s images and labels and writes its losses, tensors
-// whose addresses never change: shuffle into them before replay().
+// A step the graph records, on one batch: the lesson passes its fused step (fastest_epoch.cpp).
+using FlatStep = std::function<void(FlatTrainer& trainer, const torch::Tensor& images,
+                                    const torch::Tensor& labels, torch::Tensor loss_out)>;
+
+// `step` for every batch of `epoch`, captured once and replayed once per epoch: one launch for
+// all its kernels. A capture records the GPU's work only: the loop, the map lookups and the ifs of
+// the step run once, while capturing, and never at a replay. So what changes from epoch to epoch
+// must be in tensors whose addresses never change: the graph reads `epoch`'s images and labels and
+// writes its losses (shuffle into them before replay()), and Adam's step count is a tensor.
 class GraphedEpoch {
  public:
-  GraphedEpoch([[maybe_unused]] FlatTrainer& trainer, EpochData& epoch) {
+  GraphedEpoch([[maybe_unused]] FlatTrainer& trainer, EpochData& epoch,
+               [[maybe_unused]] const FlatStep& step) {
     const torch::Device device = epoch.losses.device();
     if (!device.is_cuda())
       throw course::CourseError("a CUDA graph needs a CUDA device, and this is " + device.str(),
                                 "run with --device cuda on a machine with a GPU");
 #ifdef GPU_LESSONS_WITH_CUDA
-    // Warm-up steps on the capture stream: cuBLAS, its workspaces and the step's buffers are made
-    // once, before the capture, which must not. They train, so the state is put back after them.
+    // Warm-up steps on the capture stream: a capture must not allocate memory, so cuBLAS's handle,
+    // its workspace and the step's buffers (both batch sizes) are made here, before it. The
+    // warm-up steps train, so the state is put back after them.
     const std::vector<torch::Tensor> state = {trainer.flat.values, trainer.exp_avg,
                                               trainer.exp_avg_sq, trainer.step};
     std::vector<torch::Tensor> saved;
@@ -51,7 +56,7 @@ class GraphedEpoch {
       c10::cuda::CUDAStreamGuard on_side_stream(side);
       for (int round = 0; round < 2; ++round)  // the first batch and the last (it may be smaller)
         for (const std::int64_t k : {std::int64_t{0}, epoch.steps() - 1})
-          fused_step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
+          step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
       for (size_t i = 0; i < state.size(); ++i) state[i].detach().copy_(saved[i]);
       c10::cuda::device_synchronize();  // the capture starts from a GPU with nothing queued
 #if GPU_LESSONS_TORCH_AT_LEAST(2, 8)  // the graph kept after the capture: its nodes can be counted
@@ -61,7 +66,7 @@ class GraphedEpoch {
 #endif
       graph_->capture_begin();  // from here kernels are recorded, not run
       for (std::int64_t k = 0; k < epoch.steps(); ++k)
-        fused_step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
+        step(trainer, epoch.batch_images[k], epoch.batch_labels[k], epoch.loss_slots[k]);
       graph_->capture_end();
 #if GPU_LESSONS_TORCH_AT_LEAST(2, 8)
       C10_CUDA_CHECK(cudaGraphGetNodes(graph_->raw_cuda_graph(), nullptr, &kernels_));
