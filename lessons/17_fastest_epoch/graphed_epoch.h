@@ -43,9 +43,9 @@ class GraphedEpoch {
       throw course::CourseError("a CUDA graph needs a CUDA device, and this is " + device.str(),
                                 "run with --device cuda on a machine with a GPU");
 #ifdef GPU_LESSONS_WITH_CUDA
-    // Warm-up steps on the capture stream: a capture must not allocate memory, so cuBLAS's handle,
-    // its workspace and the step's buffers (both batch sizes) are made here, before it. The
-    // warm-up steps train, so the state is put back after them.
+    // Warm-up steps on the capture stream: they make cuBLAS's handle and workspace, which cannot
+    // be made while capturing, and the step's buffers for both batch sizes, so that the captured
+    // steps only use them. The warm-up steps train, so the state is put back after them.
     const std::vector<torch::Tensor> state = {trainer.flat.values, trainer.exp_avg,
                                               trainer.exp_avg_sq, trainer.step};
     std::vector<torch::Tensor> saved;
