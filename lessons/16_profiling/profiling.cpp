@@ -3,9 +3,8 @@
 //
 // Tutorial 004 says: minimize the data moved between host and device, prefer vectorized
 // operations; lesson 11 adds: keep .item() out of the loop. Earlier lessons time each with a
-// stopwatch. A
-// profiler opens the step up: it records every ATen operator each step runs, with its thread,
-// start and length, and on a GPU every kernel and copy.
+// stopwatch. A profiler opens the step up: it records every ATen operator each step runs, with
+// its thread, start and length, and on a GPU every kernel and copy.
 //
 // You will learn:
 //   - to profile a few steps: prepareProfiler, enableProfiler, disableProfiler (Python's

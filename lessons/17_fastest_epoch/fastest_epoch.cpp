@@ -27,15 +27,15 @@
 #include <map>
 #include <optional>
 
-#include "common/ann.h"              // defines: ANN, kTrainingFlopsPerSample, lesson 05's loop
+#include "common/ann.h"              // defines: ANN, lesson 05's loader and epoch, test_accuracy
 #include "common/cli.h"              // defines: Cli, start_lesson
 #include "common/compare.h"          // defines: tolerance_for
 #include "common/data.h"             // defines: ImageSet, load_fashion_mnist_splits
-#include "common/device.h"           // defines: why_no_cuda, synchronize
+#include "common/device.h"           // defines: synchronize
 #include "common/flat_parameters.h"  // defines: flatten_parameters (lesson 11's)
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
 #include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs, format
-#include "common/timing.h"           // defines: time_median, count_operators, matmul_rate
+#include "common/timing.h"           // defines: Stopwatch, count_operators
 #include "common/verdict.h"          // defines: Verdict, report_error
 #include "device_shuffle.h"          // defines: EpochData, DeviceShuffler (the batches)
 #include "flat_trainer.h"            // defines: FlatTrainer, StepBuffers (the fused step's state)
@@ -66,7 +66,6 @@ constexpr double kGoalEpochMs = 25;
 //! [knobs]
 
 using course::ANN;  // the tutorial's ANN (fc1, fc2, out): one seed, lesson 05's weights
-// The batches: the dataset on the device, shuffled there once per epoch (device_shuffle.h).
 
 // ---- 1. "tutorial" and "resident": lesson 05's step ---------------------------------------------
 //! [tutorial-step]
