@@ -2,9 +2,9 @@
 // workers) beside each of lesson 11's faster forms, in samples per second: an epoch of the
 // tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
 // loader also with 0, 1 and 2 worker threads), an epoch of the flat and of the manual form, and
-// (GPU) an epoch of lesson 15's step captured in a CUDA graph, at batch 64; the training step
-// alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 15's
-// step eager against captured in a CUDA graph (batch 64 and 1024); an epoch of lesson 17's fused
+// (GPU) an epoch of lesson 16's step captured in a CUDA graph, at batch 64; the training step
+// alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 16's
+// step eager against captured in a CUDA graph (batch 64 and 1024); an epoch of lesson 18's fused
 // form, and (GPU) of its whole epoch in one CUDA graph; the CPU step with 1, 2, 4 and 16 LibTorch
 // threads (what more threads than cores cost).
 // GPU timings synchronize before reading the clock.
@@ -17,7 +17,7 @@
 #include "bench.h"
 #include "common/cli.h"  // defines: CpuThreads, available_cores
 #include "common/data.h"
-// Lessons 05, 11, 15 and 17 are one file each with its own main(): their functions, without the
+// Lessons 05, 11, 16 and 18 are one file each with its own main(): their functions, without the
 // mains.
 #define GPU_LESSONS_NO_MAIN
 #include "cuda_graphs.cpp"
@@ -91,24 +91,24 @@ void BM_TrainStepCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) train_step(state, device);
 }
 
-// ---- lesson 15's step, with Adam's step count on the device: eager against a CUDA graph ---------
+// ---- lesson 16's step, with Adam's step count on the device: eager against a CUDA graph ---------
 // Both run the same kernels (DeviceAdam); the graph launches them all at once.
 void BM_DeviceAdamStepCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;
   const bool graphed = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
-  course::ANN model = lesson15::seeded_model(device, lesson15::kSeed);
-  lesson15::DeviceAdam adam(model->parameters(), lesson15::kLearningRate);
-  lesson15::GraphedStep graph(model, adam, batch, device);
+  course::ANN model = lesson16::seeded_model(device, lesson16::kSeed);
+  lesson16::DeviceAdam adam(model->parameters(), lesson16::kLearningRate);
+  lesson16::GraphedStep graph(model, adam, batch, device);
   graph.images.copy_(torch::rand({batch, 784}));
   graph.labels.copy_(torch::randint(10, {batch}, torch::kLong));
   if (graphed) {
-    for (int i = 0; i <= lesson15::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
+    for (int i = 0; i <= lesson16::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
     bench::run_timed(state, device, [&] { graph.step(); });
   } else {
     bench::run_timed(state, device,
-                     [&] { lesson15::device_adam_step(model, adam, graph.images, graph.labels); });
+                     [&] { lesson16::device_adam_step(model, adam, graph.images, graph.labels); });
   }
   state.SetLabel(graphed ? "graphed" : "eager");
   state.SetItemsProcessed(state.iterations() * batch);
@@ -167,17 +167,17 @@ void BM_ManualEpochCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, true);
 }
 
-// ---- one epoch of lesson 15's graphed step: its batches on the device, copied into the graph's --
+// ---- one epoch of lesson 16's graphed step: its batches on the device, copied into the graph's --
 // tensors and replayed (the full batches of 64 only: a graph has fixed shapes)
 void BM_GraphedEpochCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  const lesson15::Batches batches = lesson15::device_batches(*data, device, lesson15::kSeed);
-  course::ANN model = lesson15::seeded_model(device, lesson15::kSeed);
-  lesson15::DeviceAdam adam(model->parameters(), lesson15::kLearningRate);
-  lesson15::GraphedStep graph(model, adam, lesson15::kBatchSize, device);
+  const lesson16::Batches batches = lesson16::device_batches(*data, device, lesson16::kSeed);
+  course::ANN model = lesson16::seeded_model(device, lesson16::kSeed);
+  lesson16::DeviceAdam adam(model->parameters(), lesson16::kLearningRate);
+  lesson16::GraphedStep graph(model, adam, lesson16::kBatchSize, device);
   bench::run_timed(state, device, [&] {
     for (std::int64_t k = 0; k < batches.count(); ++k) {
       graph.images.copy_(batches.images_of(k));
@@ -186,26 +186,26 @@ void BM_GraphedEpochCuda(benchmark::State& state) {
     }
   });
   state.SetLabel("graphed");
-  state.SetItemsProcessed(state.iterations() * batches.count() * lesson15::kBatchSize);
+  state.SetItemsProcessed(state.iterations() * batches.count() * lesson16::kBatchSize);
 }
 
-// ---- one epoch of lesson 17's fused form, eager or its whole epoch in one CUDA graph
+// ---- one epoch of lesson 18's fused form, eager or its whole epoch in one CUDA graph
 // -------------
 void fused_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  lesson17::FlatTrainer trainer = lesson17::make_flat_trainer(device, lesson17::kSeed);
-  lesson17::DeviceShuffler shuffler(*data, device);
-  lesson17::EpochData epoch(data->labels.size(0), lesson17::kBatchSize, device);
-  std::optional<lesson17::GraphedEpoch> graph;
-  const lesson17::Step step = [&](auto& x, auto& y, auto l) {
-    lesson17::fused_step(trainer, x, y, l);
+  lesson18::FlatTrainer trainer = lesson18::make_flat_trainer(device, lesson18::kSeed);
+  lesson18::DeviceShuffler shuffler(*data, device);
+  lesson18::EpochData epoch(data->labels.size(0), lesson18::kBatchSize, device);
+  std::optional<lesson18::GraphedEpoch> graph;
+  const lesson18::Step step = [&](auto& x, auto& y, auto l) {
+    lesson18::fused_step(trainer, x, y, l);
   };
   bench::run_timed(state, device, [&] {
     if (graphed) {
-      lesson17::graphed_epoch(shuffler, epoch, trainer, graph, device);
+      lesson18::graphed_epoch(shuffler, epoch, trainer, graph, device);
     } else {
-      lesson17::resident_epoch(shuffler, epoch, device, step);
+      lesson18::resident_epoch(shuffler, epoch, device, step);
     }
   });
   state.SetLabel(graphed ? "fused, graphed" : "fused");

@@ -1,5 +1,5 @@
 // fuzz_checkpoint: libFuzzer target for the two readers of checkpoint files, each given the same
-// input: lesson 12's load_checkpoint (a training run's checkpoint, into the tutorial's ANN and
+// input: lesson 13's load_checkpoint (a training run's checkpoint, into the tutorial's ANN and
 // Adam) and course::read_python_state_dict (a file torch.save wrote; lesson 10 reads them). The
 // course's own code runs up to the point where LibTorch's readers take over, and after them. Every
 // input must load or give a course::CheckpointError; a crash, another exception or a hang is a
@@ -11,15 +11,15 @@
 #include <cstdlib>
 
 #include "fuzz_file.h"  // defines: fuzz::write_input
-// Lesson 12 is one file with its own main(); the target includes it for its functions.
+// Lesson 13 is one file with its own main(); the target includes it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "crash_safe_checkpoints.cpp"  // defines: lesson12::load_checkpoint, new_training
+#include "crash_safe_checkpoints.cpp"  // defines: lesson13::load_checkpoint, new_training
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static lesson12::Training run = lesson12::new_training(torch::kCPU, lesson12::kSeed);
+  static lesson13::Training run = lesson13::new_training(torch::kCPU, lesson13::kSeed);
   const std::string& path = fuzz::write_input(data, size);
   try {
-    lesson12::load_checkpoint(run, torch::kCPU, path);
+    lesson13::load_checkpoint(run, torch::kCPU, path);
   } catch (const course::CheckpointError&) {
   }
   try {

@@ -11,7 +11,7 @@ does, so that the C++ lessons can read what this program writes and the other wa
   python3 python/tutorial_program.py --epochs 1 --save model.pt
   build/bin/lesson10_checkpointing --from-python model.pt --to-python back.pt
   python3 python/tutorial_program.py --load back.pt
-  python3 python/tutorial_program.py --epochs 1 --export ann.pt2   # lesson 18 runs it from C++
+  python3 python/tutorial_program.py --epochs 1 --export ann.pt2   # lesson 19 runs it from C++
 
   --epochs N   epochs to train (the tutorial's 5)
   --limit N    train on the first N training images only (all 10,000 test images are scored)
@@ -131,12 +131,12 @@ def export_package(model, device, path, accuracy):
             "aot_inductor.check_lowerbound": False,
             "aot_inductor.metadata": {"test_accuracy": f"{accuracy:.4f}", "torch": torch.__version__}})
     with open(partial, "rb") as written:
-        os.fsync(written.fileno())  # on the disk before it takes the name (lesson 12's rule)
+        os.fsync(written.fileno())  # on the disk before it takes the name (lesson 13's rule)
     os.replace(partial, path)
     os.rmdir(folder)
     place = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(place)  # the rename on the disk too: the folder records it (lesson 12's rule)
+        os.fsync(place)  # the rename on the disk too: the folder records it (lesson 13's rule)
     finally:
         os.close(place)
 # [export]

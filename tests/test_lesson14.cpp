@@ -1,337 +1,97 @@
-// Tests of lesson 14, distributed failures: the one device rule every rank applies, the ranks'
-// agreement before a group forms, the rendezvous' errors (no store, a port taken, a rank that never
-// arrives) each within its timeout, a collective that gives up on a rank that stopped taking part,
-// and the checks of the silent failures (the summed gradient against one process's, the ranks'
-// parameters against rank 0's, what the ranks learn against one process), which leave lesson 09's
-// loop as it is. Ranks are threads of this process; the jobs of processes (a rank killed, never
-// arriving, on GPUs) run the program itself (tests/test_programs.cpp, Jobs and Lesson14Jobs), and
-// the program run plainly fails ranks itself.
+// Tests of lesson 14, activation checkpointing: the same loss and gradients as the plain model,
+// the RNG replayed for dropout, parameters reached without an input that requires grad, a lower
+// peak memory, and the same on a real GPU.
 #include <gtest/gtest.h>
-
-#include <atomic>
-#include <mutex>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "distributed_failures.cpp"
-#include "fashion_mnist_test.h"
-#include "ranks_test.h"
+#include "activation_checkpointing.cpp"
+#include "cuda_test.h"
+#include "memory/memory.h"
 
 namespace {
 
-course::RankInfo local_rank_of(int local_rank, int local_world_size) {
-  course::RankInfo info;
-  info.rank = info.local_rank = local_rank;
-  info.world_size = info.local_world_size = local_world_size;
-  return info;
-}
+const torch::Device kCpu(torch::kCPU);
 
-// ---- which device each rank takes
-// ------------------------------------------------------------------ Tests the rule every rank
-// applies: a GPU per rank when there are enough; one visible GPU per rank through
-// CUDA_VISIBLE_DEVICES; too few GPUs: every rank on the CPU (auto) or a usage error (cuda), on
-// every rank alike, so that no job mixes NCCL and Gloo ranks.
-TEST(Lesson14RankDevice, OneRuleForEveryRank) {
-  using lesson14::rank_device;
-  // Enough GPUs: each local rank its own.
-  EXPECT_EQ(rank_device("auto", 2, local_rank_of(1, 2), "").device, "cuda:1");
-  EXPECT_EQ(rank_device("cuda", 8, local_rank_of(3, 4), "").device, "cuda:3");
-  // One GPU each, through CUDA_VISIBLE_DEVICES: cuda:0 in every rank.
-  EXPECT_EQ(rank_device("auto", 1, local_rank_of(1, 2), "1").device, "cuda:0");
-  // One GPU for two ranks (torchrun --nproc-per-node 2 on a one-GPU server): both on the CPU.
-  for (int r = 0; r < 2; ++r) {
-    const auto choice = rank_device("auto", 1, local_rank_of(r, 2), "");
-    EXPECT_EQ(choice.device, "cpu") << r;
-    EXPECT_NE(choice.reason.find("1 GPU(s) visible to 2 ranks"), std::string::npos)
-        << choice.reason;
-    EXPECT_EQ(rank_device("auto", 1, local_rank_of(r, 2), "0,1").device, "cpu") << r;
-    EXPECT_THROW(rank_device("cuda", 1, local_rank_of(r, 2), ""), course::UsageError) << r;
-  }
-  EXPECT_EQ(rank_device("auto", 3, local_rank_of(0, 4), "").device, "cpu");
-  // No GPU: the request as given (start_lesson falls back and says why); explicit choices stay.
-  EXPECT_EQ(rank_device("auto", 0, local_rank_of(1, 2), "").device, "auto");
-  EXPECT_EQ(rank_device("cpu", 4, local_rank_of(1, 2), "").device, "cpu");
-  EXPECT_EQ(rank_device("cuda:1", 2, local_rank_of(0, 2), "").device, "cuda:1");
-}
-
-// Tests the check the ranks make together before forming a group: all CPU or all GPU, and never
-// two ranks on one GPU.
-TEST(Lesson14RankDevice, RanksMustAgree) {
-  using lesson14::devices_conflict;
-  EXPECT_EQ(devices_conflict({"cpu", "cpu", "cpu"}), "");
-  EXPECT_EQ(devices_conflict({"cuda:0 GPU-aa", "cuda:1 GPU-bb"}), "");
-  EXPECT_EQ(devices_conflict({"cuda:0 GPU-aa", "cuda:0 GPU-bb"}), "");  // each its own GPU 0
-  EXPECT_NE(devices_conflict({"cuda:0 GPU-aa", "cpu"}).find("one backend"), std::string::npos);
-  EXPECT_NE(devices_conflict({"cpu", "cuda:0 GPU-aa"}).find("rank 1 on cuda:0"), std::string::npos);
-  EXPECT_NE(devices_conflict({"cuda:0 GPU-aa", "cuda:1 GPU-bb", "cuda:0 GPU-aa"})
-                .find("ranks 0 and 2 share one GPU (GPU-aa)"),
-            std::string::npos);
-  EXPECT_EQ(course::device_identity(torch::kCPU), "cpu");
-}
-
-// ---- the rendezvous
-// ------------------------------------------------------------------------------ Tests the
-// rendezvous' one wait through a real store: two ranks (threads) meet; a rank alone gives up after
-// the timeout, not later, with the message that says how many arrived.
-TEST(Lesson14Rendezvous, RanksMeetOrGiveUpWithinTheTimeout) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  on_ranks(2, [&](int rank) {
-    lesson14::meet_the_others(*store, local_rank_of(rank, 2), torch::kCPU,
-                              std::chrono::seconds(10));
-  });
-  auto empty = c10::make_intrusive<c10d::HashStore>();
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    lesson14::meet_the_others(*empty, local_rank_of(0, 2), torch::kCPU,
-                              std::chrono::milliseconds(500));
-    ADD_FAILURE() << "met nobody, and went on";
-  } catch (const course::CourseError& e) {
-    EXPECT_NE(std::string(e.what()).find("gave up waiting for the other ranks"), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("1 of 2 arrived"), std::string::npos) << e.what();
-    EXPECT_NE(e.hint().find("within --timeout"), std::string::npos);
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-}
-
-// Tests that ranks whose devices cannot form one group stop before forming it, saying why.
-TEST(Lesson14Rendezvous, RanksOnMixedDevicesStopTogether) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  store->set("device/1", std::vector<std::uint8_t>{'c', 'u', 'd', 'a', ':', '0', ' ', 'G'});
-  try {
-    lesson14::meet_the_others(*store, local_rank_of(0, 2), torch::kCPU, std::chrono::seconds(10));
-    ADD_FAILURE() << "a CPU rank and a GPU rank formed a group";
-  } catch (const course::CourseError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot form one group"), std::string::npos) << e.what();
+// Tests that checkpointed segments give the loss and gradients of the plain model, with dropout
+// on, in fp32 and fp64, including the first segment whose input requires no grad.
+TEST(ActivationCheckpointing, SameLossAndGradients) {
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    torch::manual_seed(1);
+    lesson14::DeepMlp model(/*depth=*/3 * lesson14::kSegment, /*width=*/64);
+    model->to(dtype);
+    const torch::Tensor x = torch::randn({32, 64}, dtype);
+    const torch::Tensor y = torch::randint(0, 10, {32});
+    ASSERT_FALSE(x.requires_grad());
+    const auto plain = lesson14::step_gradients(model, x, y, false, 5);
+    const auto kept = lesson14::step_gradients(model, x, y, true, 5);
+    const double tolerance = course::tolerance_for(dtype);
+    EXPECT_LE((plain.loss - kept.loss).abs().item<double>(), tolerance);
+    EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), tolerance);
+    // The first segment's weight: nothing upstream requires grad, yet it has its gradient.
+    const torch::Tensor first = model->segments[0]->parameters()[0];
+    ASSERT_TRUE(first.grad().defined());
+    EXPECT_GT(first.grad().abs().sum().item<double>(), 0.0);
   }
 }
 
-// Tests that a rank whose MASTER_ADDR:MASTER_PORT has no store gives up after the timeout with a
-// HINT, instead of waiting forever.
-TEST(Lesson14Rendezvous, UnreachableRendezvousIsAClearError) {
-  course::RankInfo info;
-  info.rank = 1;
-  info.world_size = 2;
-  info.master_port = course::free_tcp_port();
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    lesson14::connect_store(info, std::chrono::milliseconds(1500));
-    ADD_FAILURE() << "connected to nothing";
-  } catch (const course::CourseError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot reach the rendezvous"), std::string::npos)
-        << e.what();
-    EXPECT_NE(e.hint().find("MASTER_ADDR"), std::string::npos);
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+// Tests that the input's gradient is returned when the input requires grad.
+TEST(ActivationCheckpointing, InputGradient) {
+  torch::manual_seed(2);
+  lesson14::DeepMlp model(lesson14::kSegment, 32);
+  model->eval();  // no dropout: the two forwards below draw no random numbers
+  const torch::Tensor x0 = torch::randn({8, 32});
+  torch::Tensor a = x0.clone().requires_grad_(true), b = x0.clone().requires_grad_(true);
+  model->forward(a, false).sum().backward();
+  model->forward(b, true).sum().backward();
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_LE((a.grad() - b.grad()).abs().max().item<double>(), 1e-5);
 }
 
-// Tests that rank 0 cannot host the store on a port already taken, and says so.
-TEST(Lesson14Rendezvous, PortInUseIsAClearError) {
-  const int port = course::free_tcp_port();
-  c10d::TCPStoreOptions taken;
-  taken.port = static_cast<std::uint16_t>(port);
-  taken.isServer = true;
-  taken.waitWorkers = false;
-  auto holder = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", taken);
-  course::RankInfo info;
-  info.world_size = 2;
-  info.master_port = port;
-  try {
-    lesson14::connect_store(info, std::chrono::milliseconds(2000));
-    ADD_FAILURE() << "hosted a second store on port " << port;
-  } catch (const course::CourseError& e) {
-    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
-    EXPECT_NE(e.hint().find("MASTER_PORT"), std::string::npos);
-  }
+// Tests that replaying the RNG is what makes dropout match, and that backward leaves the
+// generator where forward left it (the recomputation draws from a restored copy).
+TEST(ActivationCheckpointing, RngReplay) {
+  torch::manual_seed(3);
+  lesson14::DeepMlp model(2 * lesson14::kSegment, 64);
+  const torch::Tensor x = torch::randn({32, 64});
+  const torch::Tensor y = torch::randint(0, 10, {32});
+  const auto plain = lesson14::step_gradients(model, x, y, false, 9);
+  const auto no_replay = lesson14::step_gradients(model, x, y, true, 9, /*preserve_rng=*/false);
+  EXPECT_GT(course::max_abs_diff(plain.gradients, no_replay.gradients), 1e-4);
+
+  model->train();
+  torch::manual_seed(4);
+  torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x, true), y);
+  const torch::Tensor after_forward = torch::rand({4});
+  torch::manual_seed(4);
+  loss = torch::nn::functional::cross_entropy(model->forward(x, true), y);
+  loss.backward();
+  EXPECT_TRUE(torch::equal(torch::rand({4}), after_forward));
 }
 
-// ---- collectives with a deadline -------------------------------------------------------------
-// Tests the collectives on a real Gloo group of three ranks meeting through a TCPStore: a sum, and
-// each rank told whether it holds rank 0's value (one rank differs by one bit).
-TEST_F(GlooTest, SumAndRank0sValue) {
-  constexpr int kWorld = 3;
-  const int port = course::free_tcp_port();
-  const std::chrono::milliseconds timeout(30000);
-  std::vector<int> same(kWorld);
-  on_ranks(kWorld, [&](int rank) {
-    course::RankInfo info = local_rank_of(rank, kWorld);
-    info.master_port = port;
-    auto store = lesson14::connect_store(info, timeout);
-    lesson14::meet_the_others(*store, info, torch::kCPU, timeout);
-    auto group = lesson14::make_group(store, rank, kWorld, torch::kCPU, timeout);
-    torch::Tensor grads = torch::arange(1000, torch::kFloat) * static_cast<float>(rank + 1);
-    lesson14::allreduce_sum(*group, grads, timeout);
-    EXPECT_TRUE(torch::equal(grads, torch::arange(1000, torch::kFloat) * 6.0f)) << rank;
-    torch::Tensor values = torch::full({5}, rank == 2 ? 1.0f + 1e-7f : 1.0f);
-    same[rank] = lesson14::equals_rank0(*group, values.view(torch::kInt), timeout);
-    course::shutdown_group(*group);
-  });
-  EXPECT_EQ(same, (std::vector<int>{1, 1, 0}));
+// Tests that checkpointing lowers a step's peak CPU memory on a model deep enough to matter.
+TEST(ActivationCheckpointing, LowersPeakMemory) {
+  course::install_counting_cpu_allocator();
+  torch::manual_seed(5);
+  lesson14::DeepMlp model(16, 256);
+  const lesson14::StepCost plain = lesson14::measure_step(model, 512, false, kCpu);
+  const lesson14::StepCost kept = lesson14::measure_step(model, 512, true, kCpu);
+  EXPECT_GT(plain.peak_bytes, 0);
+  EXPECT_LT(kept.peak_bytes, plain.peak_bytes * 6 / 10)
+      << kept.peak_bytes << " vs " << plain.peak_bytes;
 }
 
-// Tests that a collective gives up on a rank that stopped taking part: rank 1 of a Gloo group
-// never joins rank 0's all-reduce, whose wait ends with an error after its timeout, not later.
-// In a process of its own (a death test, run anew: "threadsafe"): the groups it leaves behind, as
-// the lesson does, must not outlive it into the next tests of a whole test binary, where they
-// crashed one on a 16-core server.
-void collective_gives_up_on_a_rank_that_stopped() {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::atomic<bool> done{false};
-  double waited = 0;
-  bool threw = false;
-  on_ranks(2, [&](int rank) {
-    // The group's own timeout as short as the wait's, as the lesson sets them.
-    auto group = lesson14::make_group(store, rank, 2, torch::kCPU, std::chrono::seconds(2));
-    if (rank == 1) {  // alive, its group open, but it takes no part
-      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    } else {
-      torch::Tensor t = torch::ones({10});
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        lesson14::allreduce_sum(*group, t, std::chrono::seconds(2));
-      } catch (const std::exception&) {
-        threw = true;
-      }
-      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      done = true;
-    }
-    // Neither group is destroyed: the collective that gave up may still be Gloo's, and tearing
-    // its group down crashed this test once on a 16-core server. The lesson does the same: a rank
-    // that lost its job ends with std::_Exit (course::exit_lost_job), its group untouched. Kept
-    // where the leak checker sees them, never destroyed, not even at exit.
-    static std::mutex kept_mutex;
-    static auto* const kept = new std::vector<c10::intrusive_ptr<course::CommGroup>>();
-    const std::lock_guard<std::mutex> lock(kept_mutex);
-    kept->push_back(std::move(group));
-  });
-  std::fprintf(stderr, "threw %d, waited %.2f s\n", threw, waited);
-  std::_Exit(threw && waited >= 1.8 && waited < 12.0 ? 0 : 1);  // the groups untouched
-}
-TEST_F(GlooTest, ACollectiveGivesUpOnARankThatStopped) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(collective_gives_up_on_a_rank_that_stopped(), ::testing::ExitedWithCode(0),
-              "threw 1, waited");
-}
-
-// ---- the silent failures ------------------------------------------------------------------------
-class Lesson14Training : public FashionMnistTest {
- protected:
-  void SetUp() override {
-    FashionMnistTest::SetUp();
-#ifndef GPU_LESSONS_WITH_GLOO
-    GTEST_SKIP() << "this build has no Gloo";
-#endif
-  }
-};
-
-// Tests what data parallelism promises, on real ranks (threads, Gloo over a HashStore): every
-// rank holds identical parameters after every step, and the summed gradient of the first steps is
-// one process's gradient over the global batch from the same parameters. (What the ranks learn
-// against one process is checked by the ranks of a real job: Jobs.TwoRanksPassWithTheSameParameters
-// in tests/test_programs.cpp.)
-TEST_F(Lesson14Training, SummedGradientIsTheGlobalBatchsGradient) {
-  constexpr int kWorld = 2;
-  constexpr std::int64_t kBatch = 32;
-  const course::ImageSet data{train().images.slice(0, 0, 3000), train().labels.slice(0, 0, 3000)};
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  const std::chrono::milliseconds timeout(60000);
-  std::vector<lesson14::RankRun> runs(kWorld);
-  on_ranks(kWorld, [&](int rank) {
-    auto group = lesson14::make_group(store, rank, kWorld, torch::kCPU, timeout);
-    runs[rank] = lesson14::train_checked(*group, rank, kWorld, data, 1, kBatch, torch::kCPU,
-                                         lesson14::kSeed, timeout);
-  });
-  EXPECT_TRUE(
-      torch::equal(lesson14::parameters(runs[0].model), lesson14::parameters(runs[1].model)));
-  EXPECT_EQ(runs[0].trail.item<std::int64_t>(), runs[1].trail.item<std::int64_t>());
-  for (int rank = 0; rank < kWorld; ++rank) {
-    ASSERT_EQ(runs[rank].gradient_diffs.size(), static_cast<size_t>(lesson14::kCheckedSteps));
-    for (const double d : runs[rank].gradient_diffs) {
-      EXPECT_LE(d, course::tolerance_for(torch::kFloat)) << "rank " << rank;
-    }
-  }
-}
-
-// Tests that the checks leave lesson 09's loop as it is: a rank that trains with them
-// (train_checked) and without them (lesson 09's train_data_parallel) ends with the same parameters,
-// bit for bit, and the same loss. One rank, a group of one: ranks that are threads of one process
-// draw their first weights from one generator, in an order that differs from run to run.
-TEST_F(Lesson14Training, ChecksLeaveLesson09sLoopAsItIs) {
-  const course::ImageSet data{train().images.slice(0, 0, 2000), train().labels.slice(0, 0, 2000)};
-  const std::chrono::milliseconds timeout(60000);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = lesson14::make_group(store, 0, 1, torch::kCPU, timeout);
-  lesson14::RankRun checked =
-      lesson14::train_checked(*group, 0, 1, data, 2, 64, torch::kCPU, lesson14::kSeed, timeout);
-  std::vector<double> losses;
-  lesson14::ANN plain = lesson14::train_data_parallel(*group, 0, 1, data, 2, 64, torch::kCPU,
-                                                      lesson14::kSeed, timeout, &losses);
-  EXPECT_TRUE(torch::equal(lesson14::parameters(checked.model), lesson14::parameters(plain)));
-  EXPECT_EQ(checked.losses, losses);
-  EXPECT_EQ(checked.gradient_diffs.size(), static_cast<size_t>(lesson14::kCheckedSteps));
-  course::shutdown_group(*group);
-}
-
-// Tests that the gradient check tells a wrong sum from a right one: the gradient of half of a
-// global batch (a rank whose gradients were never summed) is far from the whole batch's, while
-// the two halves' gradients added up are within the tolerance, from the same parameters.
-TEST_F(Lesson14Training, GradientCheckCatchesAMissingRank) {
-  torch::manual_seed(lesson14::kSeed);
-  lesson14::ANN model;
-  const torch::Tensor all = torch::arange(128, torch::kLong);
-  const torch::Tensor whole = lesson14::gradient_of_global_batch(model, train(), all, torch::kCPU);
-  // Each half's gradient, scaled as a rank scales its share: (half's sum of losses) / 128.
-  const torch::Tensor first =
-      lesson14::gradient_of_global_batch(model, train(), all.slice(0, 0, 64), torch::kCPU) / 2;
-  const torch::Tensor second =
-      lesson14::gradient_of_global_batch(model, train(), all.slice(0, 64, 128), torch::kCPU) / 2;
-  EXPECT_LE(course::relative_diff(first + second, whole), course::tolerance_for(torch::kFloat));
-  EXPECT_GT(course::relative_diff(first, whole), 100 * course::tolerance_for(torch::kFloat));
-  EXPECT_GT(course::relative_diff(2 * (first + second), whole), 0.5);  // averaged twice
-}
-
-// ---- NCCL on a GPU ------------------------------------------------------------------------------
-// Tests a job of one on NCCL (any one-GPU server): the ranks agree on the device, the group
-// connects at its first collective, the collectives with a deadline give their results, and the
-// group shuts down in order.
-TEST(Lesson14Nccl, JobOfOneOnTheGpu) {
-  if (course::cuda_device_count() == 0) GTEST_SKIP() << "needs CUDA";
-#ifndef GPU_LESSONS_WITH_NCCL
-  GTEST_SKIP() << "this build has no NCCL";
-#endif
-  const torch::Device gpu(torch::kCUDA, 0);
-  const std::chrono::seconds timeout(60);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  lesson14::meet_the_others(*store, course::RankInfo{}, gpu, std::chrono::seconds(10));
-  auto group = lesson14::make_group(store, 0, 1, gpu, timeout);
-  torch::Tensor grads = torch::arange(1000, torch::TensorOptions().device(gpu));
-  lesson14::allreduce_sum(*group, grads, timeout);
-  EXPECT_TRUE(torch::equal(grads.cpu(), torch::arange(1000, torch::kFloat)));
-  torch::Tensor values = torch::full({10}, 3.0f, torch::TensorOptions().device(gpu));
-  std::vector<torch::Tensor> from_rank0{values};
-  lesson14::wait_within(*group, *group->broadcast(from_rank0), gpu, timeout);
-  EXPECT_EQ(values.sum().item<float>(), 30.0f);
-  EXPECT_TRUE(lesson14::equals_rank0(*group, values.view(torch::kInt), timeout));
-  course::shutdown_group(*group);
-}
-
-// Tests two NCCL ranks (threads of this process, one GPU each): both answer the first all-reduce;
-// needs two GPUs.
-TEST(Lesson14Nccl, TwoRanksOnTwoGpusAnswer) {
-  if (course::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-#ifndef GPU_LESSONS_WITH_NCCL
-  GTEST_SKIP() << "this build has no NCCL";
-#endif
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  on_ranks(2, [&](int rank) {
-    const torch::Device gpu(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
-    auto group = lesson14::make_group(store, rank, 2, gpu, std::chrono::seconds(60));
-    torch::Tensor answered = torch::ones({1}, torch::TensorOptions().device(gpu));
-    lesson14::allreduce_sum(*group, answered, std::chrono::seconds(60));
-    EXPECT_EQ(answered.item<float>(), 2.0f) << rank;
-    course::shutdown_group(*group);
-  });
+// Tests the same gradients on CUDA, where the CUDA generator is replayed.
+TEST_F(CudaTest, ActivationCheckpointingSameGradients) {
+  torch::manual_seed(6);
+  lesson14::DeepMlp model(2 * lesson14::kSegment, 128);
+  model->to(device);
+  const torch::Tensor x = torch::randn({64, 128}, device);
+  const auto labels = torch::TensorOptions(device).dtype(torch::kLong);  // a device alone: floats
+  const torch::Tensor y = torch::randint(0, 10, {64}, labels);
+  const auto plain = lesson14::step_gradients(model, x, y, false, 7);
+  const auto kept = lesson14::step_gradients(model, x, y, true, 7);
+  EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), 1e-5);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Tests of what the course's programs promise on the command line, each program run as a learner
 // runs it (tests/program_run.h): --help exits 0 and a bad flag or device exits 2 (every lesson and
 // exercise), a lesson that reads Fashion-MNIST exits 2 with a HINT when the data is not there, one
-// that stops on Ctrl-C does so at the end of a step (exit 130, lessons 10 and 12 keeping their
-// last whole epoch), lessons 09 and 14 as real c10d jobs of processes on this host, started the
+// that stops on Ctrl-C does so at the end of a step (exit 130, lessons 10 and 13 keeping their
+// last whole epoch), lessons 09 and 15 as real c10d jobs of processes on this host, started the
 // way torchrun starts ranks (its environment variables), so that CI needs no launcher, and the
 // tutorial's Python program on torchvision's dataset and on its own. The programs come from the
 // lesson registry (programs.inc, written by tests/CMakeLists.txt).
@@ -104,12 +104,12 @@ INSTANTIATE_TEST_SUITE_P(Programs, ReadsData,
 
 // ---- Ctrl-C during training ---------------------------------------------------------------------
 // SIGINT, sent once the first epoch is done (and saved): the run stops at the end of the step under
-// way, says so, and exits 130; lessons 10 and 12's checkpoint keeps the last whole epoch, no other
+// way, says so, and exits 130; lessons 10 and 13's checkpoint keeps the last whole epoch, no other
 // file is left, and a second run resumes from it.
 class StopsOnCtrlC : public EveryProgram {};
 TEST_P(StopsOnCtrlC, StopsAtTheEndOfAStep) {
   const std::string name = GetParam().name, lesson = name.substr(0, 8);
-  const bool checkpoints = lesson == "lesson10" || lesson == "lesson12";
+  const bool checkpoints = lesson == "lesson10" || lesson == "lesson13";
   Scratch dir;
   std::vector<std::string> argv{GetParam().path, "--device", "cpu", "--quick", "--epochs", "100"};
   std::string first = "epoch 1/100";  // common/report.h's run_epochs
@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Programs, StopsOnCtrlC,
                          })),
                          program_name);
 
-// ---- lessons 09 and 14 as jobs of processes -----------------------------------------------------
+// ---- lessons 09 and 15 as jobs of processes -----------------------------------------------------
 int free_port() {  // one the kernel picks; free when this returns
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -222,7 +222,7 @@ std::vector<std::string> with(std::vector<std::string> flags,
   return flags;
 }
 
-class Jobs : public ::testing::TestWithParam<std::string> {  // lesson09 or lesson14
+class Jobs : public ::testing::TestWithParam<std::string> {  // lesson09 or lesson15
  protected:
   void SetUp() override {
     binary_ = lesson_path(GetParam());
@@ -335,12 +335,12 @@ TEST_P(Jobs, NcclJobOfOneRank) {
 }
 
 std::string lesson_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-INSTANTIATE_TEST_SUITE_P(Lessons, Jobs, ::testing::Values("lesson09", "lesson14"), lesson_name);
+INSTANTIATE_TEST_SUITE_P(Lessons, Jobs, ::testing::Values("lesson09", "lesson15"), lesson_name);
 
-// Lesson 14's jobs on GPUs. Two NCCL ranks, a GPU each, rank 1 killed: rank 0 exits 1 with its
+// Lesson 15's jobs on GPUs. Two NCCL ranks, a GPU each, rank 1 killed: rank 0 exits 1 with its
 // own error within the timeout (not NCCL's watchdog's SIGABRT, 134).
-class Lesson14Jobs : public Jobs {};
-TEST_P(Lesson14Jobs, NcclRankKilledEndsTheOtherWithItsOwnError) {
+class Lesson15Jobs : public Jobs {};
+TEST_P(Lesson15Jobs, NcclRankKilledEndsTheOtherWithItsOwnError) {
   SKIP_WITHOUT_GPUS(2);
   Job job(binary_, 2, {"--epochs", "50", "--timeout", "20", "--device", "cuda"});
   ASSERT_TRUE(job.wait_for_line(1, "epoch 1/50")) << "rank 1 ended first:\n" << job.seen(1);
@@ -353,7 +353,7 @@ TEST_P(Lesson14Jobs, NcclRankKilledEndsTheOtherWithItsOwnError) {
 }
 // One rank more than there are GPUs: --device cuda exits 2 on every rank, saying why; --device
 // auto trains every rank on the CPU (Gloo) and passes.
-TEST_P(Lesson14Jobs, NcclTooFewGpus) {
+TEST_P(Lesson15Jobs, NcclTooFewGpus) {
   SKIP_WITHOUT_GPUS(1);
   const int gpus = static_cast<int>(torch::cuda::device_count());
   std::vector<ProgramRun> cuda =
@@ -368,7 +368,7 @@ TEST_P(Lesson14Jobs, NcclTooFewGpus) {
       << automatic[0].what();
 }
 // Two ranks given the same GPU (CUDA_VISIBLE_DEVICES=0 for both): both exit 2, saying why.
-TEST_P(Lesson14Jobs, NcclTwoRanksOnOneGpu) {
+TEST_P(Lesson15Jobs, NcclTwoRanksOnOneGpu) {
   SKIP_WITHOUT_GPUS(1);
   std::vector<ProgramRun> runs = Job(binary_, 2, {"--quick", "--timeout", "20", "--device", "auto"},
                                      {"CUDA_VISIBLE_DEVICES=0"})
@@ -378,7 +378,7 @@ TEST_P(Lesson14Jobs, NcclTwoRanksOnOneGpu) {
     EXPECT_TRUE(rank.printed("share one GPU")) << rank.what();
   }
 }
-INSTANTIATE_TEST_SUITE_P(Lessons, Lesson14Jobs, ::testing::Values("lesson14"), lesson_name);
+INSTANTIATE_TEST_SUITE_P(Lessons, Lesson15Jobs, ::testing::Values("lesson15"), lesson_name);
 
 // ---- the tutorial's Python program
 // ---------------------------------------------------------------- On torchvision's FashionMNIST

@@ -9,7 +9,7 @@
 //   - "resident": the whole dataset copied to the device once, each batch gathered there;
 //   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor;
 //   - "manual": the backward pass written out as matrix products, no autograd.
-// (Lesson 15 captures the whole step in a CUDA graph.)
+// (Lesson 16 captures the whole step in a CUDA graph.)
 //
 // Run:    build/bin/lesson11_fast_training_loop [--device ...] [--workers N] [--epochs N] [--quick]
 //           [--run all|tutorial|pinned|resident|flat|manual] [--batch-size N] [--data-dir DIR]
@@ -262,7 +262,7 @@ EpochStats train_epoch_loaded(Trainer& trainer, Loader& loader, const torch::Dev
 
 // ---- 3. "flat": all parameters in one tensor ----------------------------------------------------
 // The model's parameters moved into one tensor, their gradients into another: from
-// common/flat_parameters.h (lesson 16 profiles this step too).
+// common/flat_parameters.h (lesson 17 profiles this step too).
 using course::FlatParameters;      // values, and gradients: values.grad()
 using course::flatten_parameters;  // each parameter becomes a view into values
 
@@ -425,7 +425,7 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
     // The same weights, the same batch: the written-out backward's gradients against autograd's.
     // (Not epoch losses: sums in another order round apart, and thousands of steps magnify it.)
     manual_vs_flat = course::max_rel_diff(manual.flat.gradients, flat.flat.gradients);
-    // Counted from the second step, as lessons 15 and 17 count: the first also makes Adam's state.
+    // Counted from the second step, as lessons 16 and 18 count: the first also makes Adam's state.
     const long long tutorial_ops = course::count_operators([&] { tutorial_step(tutorial, batch); });
     const long long flat_ops = course::count_operators([&] { flat_step(flat, batch); });
     const long long manual_ops = course::count_operators([&] { manual_step(manual, batch); });
