@@ -1,6 +1,6 @@
 // bench_training: lesson 05's epoch (the tutorial's loop on LibTorch's data loader, 0 and 2
-// workers) beside each of lesson 11's faster forms, in samples per second: an epoch of the
-// tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
+// workers) beside each of lessons 11's and 12's faster forms, in samples per second: an epoch of
+// the tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
 // loader also with 0, 1 and 2 worker threads), an epoch of the flat and of the manual form, and
 // (GPU) an epoch of lesson 16's step captured in a CUDA graph, at batch 64; the training step
 // alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 16's
@@ -17,12 +17,13 @@
 #include "bench.h"
 #include "common/cli.h"  // defines: CpuThreads, available_cores
 #include "common/data.h"
-// Lessons 05, 11, 16 and 18 are one file each with its own main(): their functions, without the
-// mains.
+// Lessons 05, 11, 12, 16 and 18 are one file each with its own main(): their functions, without
+// the mains.
 #define GPU_LESSONS_NO_MAIN
 #include "cuda_graphs.cpp"
 #include "fast_training_loop.cpp"
 #include "fastest_epoch.cpp"
+#include "fewer_operators.cpp"
 #include "training_loop.cpp"
 
 namespace {
@@ -49,20 +50,20 @@ const course::ImageSet* train_set(benchmark::State& state) {
   return &data;
 }
 
-// ---- one training step on a fixed batch: the tutorial's step against the flat one --------------
+// ---- one training step on a fixed batch: the tutorial's step against lesson 12's flat one -----
 void train_step(benchmark::State& state, const c10::Device& device) {
   const bool flat = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::rand({batch, 784}, on);
   const torch::Tensor labels = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  const lesson11::Batch on_device{images, labels};
+  const lesson12::Batch on_device{images, labels};
   if (flat) {  // the lesson's own steps
-    lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
-    bench::run_timed(state, device, [&] { lesson11::flat_step(trainer, on_device); });
+    lesson12::FlatTrainer trainer = lesson12::make_flat_trainer(device, lesson12::kSeed);
+    bench::run_timed(state, device, [&] { lesson12::flat_step(trainer, on_device); });
   } else {
-    lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
-    bench::run_timed(state, device, [&] { lesson11::tutorial_step(trainer, on_device); });
+    lesson12::Trainer trainer = lesson12::make_trainer(device, lesson12::kSeed);
+    bench::run_timed(state, device, [&] { lesson12::tutorial_step(trainer, on_device); });
   }
   state.SetLabel(flat ? "flat" : "tutorial");
   state.SetItemsProcessed(state.iterations() * batch);
@@ -139,17 +140,17 @@ void BM_EpochWorkersCpu(benchmark::State& state) {
   epoch(state, torch::kCPU, "pinned", state.range(1), static_cast<int>(state.range(0)));
 }
 
-// ---- one epoch of the flat form, or of the manual one, with the resident loader ----------------
+// ---- one epoch of lesson 12's flat form, or of its manual one, on its resident batches --------
 void flat_epoch(benchmark::State& state, const c10::Device& device, bool manual) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
   const std::int64_t batch = state.range(0);
-  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
-  lesson11::Loader loader("resident", *data, batch, device);
-  std::function<torch::Tensor(const lesson11::Batch&)> step;  // empty: the flat step
-  if (manual) step = [&](const lesson11::Batch& b) { return lesson11::manual_step(trainer, b); };
+  lesson12::FlatTrainer trainer = lesson12::make_flat_trainer(device, lesson12::kSeed);
+  lesson12::ResidentBatches batches(*data, batch, device);
+  std::function<torch::Tensor(const lesson12::Batch&)> step;  // empty: the flat step
+  if (manual) step = [&](const lesson12::Batch& b) { return lesson12::manual_step(trainer, b); };
   bench::run_timed(state, device,
-                   [&] { lesson11::train_epoch_flat(trainer, loader, device, step); });
+                   [&] { lesson12::train_epoch_flat(trainer, batches, device, step); });
   state.SetLabel(manual ? "manual" : "flat");
   state.SetItemsProcessed(state.iterations() * data->labels.size(0));
   state.counters["FLOP/s"] =

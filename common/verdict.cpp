@@ -49,7 +49,7 @@ std::string hint_for(const std::string& message) {
   }
   if (has("Can't detach views in-place")) {
     return "zero_grad() was called on parameters whose gradients are views into one flat tensor "
-           "(lesson 11's flat step): zero the flat gradient tensor instead, or do not flatten";
+           "(lesson 12's flat step): zero the flat gradient tensor instead, or do not flatten";
   }
   if (has("out of memory")) {
     return "the device ran out of memory: a smaller --batch-size, or see lesson 07 (what "

@@ -1,12 +1,11 @@
-// Tests of lesson 11: the loaders, the flat parameters, each form's training against the
-// tutorial's loop, and the accuracy.
+// Tests of lesson 11: the loaders, each form's training against the tutorial's loop, and the
+// accuracy.
 #include <gtest/gtest.h>
 
 #include <set>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "common/compare.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
 #include "fast_training_loop.cpp"
@@ -49,15 +48,6 @@ void expect_each_sample_once(const std::string& name, const torch::Device& devic
   EXPECT_EQ(*std::min_element(first.begin(), first.end()), 0);
   EXPECT_EQ(*std::max_element(first.begin(), first.end()), kN - 1);
   EXPECT_NE(first, second) << "each epoch must be shuffled anew";
-}
-
-double mean_loss(course::ANN& model, const course::ImageSet& data) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  const auto device = model->parameters().front().device();
-  return torch::nn::functional::cross_entropy(
-             model->forward(data.images.reshape({-1, 784}).to(device)), data.labels.to(device))
-      .item<double>();
 }
 
 }  // namespace
@@ -123,79 +113,7 @@ TEST(Loaders, UnknownNameIsUsageError) {
       course::UsageError);
 }
 
-// Tests that flattening keeps the values and routes every gradient into the flat buffer.
-TEST(FlattenParameters, ParametersAndGradientsLiveInFlatBuffers) {
-  torch::manual_seed(3);
-  course::ANN model;
-  std::vector<torch::Tensor> before;
-  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
-  const lesson11::FlatParameters flat = lesson11::flatten_parameters(*model);
-  EXPECT_EQ(flat.values.numel(), 784 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10);
-  const auto* begin = flat.values.data_ptr<float>();
-  const auto params = model->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(torch::equal(params[i], before[i]));
-    const auto* data = params[i].data_ptr<float>();
-    EXPECT_TRUE(data >= begin && data < begin + flat.values.numel());
-  }
-  model->forward(torch::rand({8, 784})).sum().backward();
-  EXPECT_GT(flat.gradients.abs().sum().item<double>(), 0.0);
-  for (const auto& p : params) {
-    EXPECT_TRUE(torch::equal(p.grad().reshape(-1),
-                             flat.gradients.slice(0, p.data_ptr<float>() - begin,
-                                                  p.data_ptr<float>() - begin + p.numel())));
-  }
-}
-
-// Tests that the flat Adam step equals LibTorch's Adam over the separate parameters.
-TEST(FlattenParameters, SameStepsAsPerParameterAdam) {
-  auto run = [](bool flat) {
-    torch::manual_seed(4);
-    course::ANN model;
-    lesson11::FlatParameters buffers;
-    std::unique_ptr<torch::optim::Adam> adam;
-    if (flat) {
-      buffers = lesson11::flatten_parameters(*model);
-      adam =
-          std::make_unique<torch::optim::Adam>(std::vector<torch::Tensor>{buffers.values},
-                                               torch::optim::AdamOptions(lesson11::kLearningRate));
-    } else {
-      adam = std::make_unique<torch::optim::Adam>(
-          model->parameters(), torch::optim::AdamOptions(lesson11::kLearningRate));
-    }
-    torch::manual_seed(5);
-    for (int step = 0; step < 5; ++step) {
-      if (flat)
-        buffers.gradients.zero_();
-      else
-        adam->zero_grad();
-      const torch::Tensor x = torch::rand({16, 784});
-      const torch::Tensor y = torch::randint(10, {16});
-      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-      adam->step();
-    }
-    std::vector<torch::Tensor> out;
-    for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-    return out;
-  };
-  const auto flat = run(true), separate = run(false);
-  for (size_t i = 0; i < flat.size(); ++i) {
-    EXPECT_LT(course::max_abs_diff(flat[i], separate[i]), 1e-6) << i;
-  }
-}
-
 // ---- with Fashion-MNIST ------------------------------------------------------------------------
-// Tests that one epoch on a fixed subset lowers the loss on that subset.
-TEST_F(FashionMnistTest, OneEpochReducesLoss) {
-  const course::ImageSet subset = course::take(train(), 5000);
-  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(torch::kCPU, lesson11::kSeed);
-  const double before = mean_loss(trainer.model, subset);
-  lesson11::Loader loader("resident", subset, lesson11::kBatchSize, torch::kCPU);
-  const auto stats = lesson11::train_epoch_flat(trainer, loader, torch::kCPU);
-  EXPECT_EQ(stats.samples, 5000);
-  EXPECT_LT(mean_loss(trainer.model, subset), 0.6 * before);
-}
-
 // Tests that on the CPU the same seed gives identical results, whichever loader is used (the
 // tutorial's LibTorch DataLoader, this lesson's pinned or resident one), with or without worker
 // threads gathering the batches: the lesson's loaders draw their orders as LibTorch's
@@ -224,72 +142,6 @@ TEST_F(FashionMnistTest, SameSeedSameResultOnCpu) {
   EXPECT_EQ(a.accuracy, d.accuracy);
   EXPECT_EQ(a.accuracy, t.accuracy);
   EXPECT_EQ(a.accuracy, u.accuracy);
-}
-
-// Tests the lesson's flat form: the flat parameters train as the tutorial's step does (Adam over
-// model->parameters(), zero_grad()), epoch by epoch, from the same seed.
-TEST_F(FashionMnistTest, FlatStepTrainsAsTheTutorialStep) {
-  const course::ImageSet subset = course::take(train(), 3000);
-  const course::ImageSet eval = course::take(test(), 1000);
-  const auto tutorial =
-      lesson11::train_and_evaluate(subset, eval, "resident", 2, 64, torch::kCPU, 7);
-  const auto flat = lesson11::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
-  for (size_t e = 0; e < tutorial.epochs.size(); ++e) {
-    EXPECT_LE(std::abs(flat.epochs[e].mean_loss - tutorial.epochs[e].mean_loss) /
-                  tutorial.epochs[e].mean_loss,
-              lesson11::kFlatTolerance);
-  }
-  EXPECT_NEAR(flat.accuracy, tutorial.accuracy, 0.01);
-}
-
-// Tests the manual step against autograd: from the same weights on the same batch, the gradients
-// it writes into the flat tensor equal those loss.backward() accumulates there (fp32's tolerance,
-// relative to the largest), and so does the loss.
-TEST(ManualStep, SameGradientsAsAutograd) {
-  torch::manual_seed(6);
-  const lesson11::Batch batch{torch::rand({64, 784}), torch::randint(10, {64})};
-  lesson11::FlatTrainer autograd = lesson11::make_flat_trainer(torch::kCPU, 3);
-  lesson11::FlatTrainer manual = lesson11::make_flat_trainer(torch::kCPU, 3);
-  autograd.flat.gradients.zero_();
-  const torch::Tensor expected =
-      torch::nn::functional::cross_entropy(autograd.model->forward(batch.images), batch.labels);
-  expected.backward();
-  const torch::Tensor before = manual.flat.values.clone();
-  manual.flat.gradients.fill_(123);  // anything there is overwritten, not added to
-  const torch::Tensor loss = lesson11::manual_step(manual, batch);
-  const double scale = autograd.flat.gradients.abs().max().item<double>();
-  EXPECT_LE(course::max_abs_diff(manual.flat.gradients, autograd.flat.gradients) / scale,
-            course::tolerance_for(torch::kFloat));
-  EXPECT_NEAR(loss.item<double>(), expected.item<double>(),
-              course::tolerance_for(torch::kFloat) * expected.item<double>());
-  EXPECT_FALSE(torch::equal(manual.flat.values, before)) << "Adam took no step";
-}
-
-// Tests the lesson's manual form: it trains as the flat form does, epoch by epoch, from the same
-// seed on the same batches.
-TEST_F(FashionMnistTest, ManualStepTrainsAsTheFlatStep) {
-  const course::ImageSet subset = course::take(train(), 3000);
-  const course::ImageSet eval = course::take(test(), 1000);
-  const auto flat = lesson11::train_and_evaluate(subset, eval, "flat", 2, 64, torch::kCPU, 7);
-  const auto manual = lesson11::train_and_evaluate(subset, eval, "manual", 2, 64, torch::kCPU, 7);
-  EXPECT_LE(course::max_loss_difference(manual.epochs, flat.epochs), lesson11::kFlatTolerance);
-  EXPECT_NEAR(manual.accuracy, flat.accuracy, 0.01);
-}
-
-// Tests the mistake of mixing the two: zero_grad() on a flattened model's parameters leaves their
-// gradients outside the flat tensor (2.x sets them to none), and the flat epoch says so instead of
-// training on gradients Adam never sees.
-TEST(FlattenParameters, ZeroGradOnAFlattenedModelIsACourseError) {
-  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(torch::kCPU, 1);
-  trainer.model->zero_grad(/*set_to_none=*/true);
-  lesson11::Loader loader("resident", numbered(100), 64, torch::kCPU);
-  try {
-    lesson11::train_epoch_flat(trainer, loader, torch::kCPU);
-    ADD_FAILURE() << "trained with gradients outside the flat tensor";
-  } catch (const course::CourseError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_grad()"), std::string::npos) << e.what();
-    EXPECT_NE(e.hint().find("flat.gradients.zero_()"), std::string::npos) << e.hint();
-  }
 }
 
 // Tests that worker threads gathering the batches change nothing but who gathers: the same
@@ -352,11 +204,11 @@ TEST_F(CudaTest, LoadersAndTrainingOnGpu) {
   expect_each_sample_once("resident", device);
   course::ImageSet data = numbered(2000);
   data.images = torch::rand({2000, 28, 28});
-  lesson11::FlatTrainer trainer = lesson11::make_flat_trainer(device, lesson11::kSeed);
-  EXPECT_EQ(trainer.flat.values.device(), device);
+  lesson11::Trainer trainer = lesson11::make_trainer(device, lesson11::kSeed);
   lesson11::Loader loader("resident", data, 64, device);
-  const double first = lesson11::train_epoch_flat(trainer, loader, device).mean_loss;
+  const double first = lesson11::train_epoch_loaded(trainer, loader, device).mean_loss;
   double last = first;
-  for (int e = 0; e < 3; ++e) last = lesson11::train_epoch_flat(trainer, loader, device).mean_loss;
+  for (int e = 0; e < 3; ++e)
+    last = lesson11::train_epoch_loaded(trainer, loader, device).mean_loss;
   EXPECT_LT(last, first);
 }

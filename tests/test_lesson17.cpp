@@ -1,4 +1,4 @@
-// Tests of lesson 17: what its profiles of lesson 05's and lesson 11's loops hold, its op table,
+// Tests of lesson 17: what its profiles of lesson 05's and lesson 12's loops hold, its op table,
 // and its traces, with the lesson's own functions and constants.
 #include <gtest/gtest.h>
 
@@ -45,7 +45,7 @@ TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
 }
 
 // Tests the counts the page states for the CPU: one .item() per step in lesson 05's loop and none
-// in lesson 11's; lesson 05's loop calls .to(device) on each batch of images, which copies
+// in lesson 12's; lesson 05's loop calls .to(device) on each batch of images, which copies
 // nothing on the CPU; Adam's last operator once per parameter tensor against once.
 TEST_F(ProfileTest, CountsOnTheCpu) {
   const auto& profiles = cpu_profiles(train());
@@ -83,7 +83,7 @@ TEST(CheckProfile, AMissingRangeFails) {
 // Tests the names of the two trace files that --trace FILE writes.
 TEST(TraceFile, OnePerLoop) {
   EXPECT_EQ(lesson17::trace_file("out/trace.json", "lesson05"), "out/trace-lesson05.json");
-  EXPECT_EQ(lesson17::trace_file("trace", "lesson11"), "trace-lesson11.json");
+  EXPECT_EQ(lesson17::trace_file("trace", "lesson12"), "trace-lesson12.json");
 }
 
 // Tests that the traces are written, and hold each step's ranges as trace events.
@@ -107,7 +107,7 @@ TEST_F(ProfileTest, TraceHoldsTheRanges) {
 class ProfileCudaTest : public CudaTest {};
 
 // Tests the copies on a GPU: lesson 05's loop copies each batch to the device (features and
-// labels: at least two copies a step), lesson 11's copies none; its ranges and reads as on the CPU.
+// labels: at least two copies a step), lesson 12's copies none; its ranges and reads as on the CPU.
 TEST_F(ProfileCudaTest, LessonFivesLoopCopiesEachBatchLessonElevensNone) {
   std::string why;
   const FashionMnistSplits* data = fashion_mnist(&why);

@@ -6,19 +6,16 @@
 //     DataLoader with --workers threads, loss.item() every step, torch::max for the accuracy);
 //   - "pinned": each batch gathered whole into pinned memory and copied non_blocking (--workers
 //     threads gather ahead), and the loss summed on the device, read once per epoch;
-//   - "resident": the whole dataset copied to the device once, each batch gathered there;
-//   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor;
-//   - "manual": the backward pass written out as matrix products, no autograd.
-// (Lesson 16 captures the whole step in a CUDA graph.)
+//   - "resident": the whole dataset copied to the device once, each batch gathered there.
+// (Lesson 12 then does the step in fewer operators; lesson 16 captures it in a CUDA graph.)
 //
 // Run:    build/bin/lesson11_fast_training_loop [--device ...] [--workers N] [--epochs N] [--quick]
-//           [--run all|tutorial|pinned|resident|flat|manual] [--batch-size N] [--data-dir DIR]
+//           [--run all|tutorial|pinned|resident] [--batch-size N] [--data-dir DIR]
 // Checks: each run's test accuracy >= kAccuracyBar (kQuickAccuracyBar for shorter runs); each
-//         form's losses equal the form's before it: pinned and tutorial, resident and pinned
-//         (exactly, on the CPU), flat and resident (kFlatTolerance); manual's gradients for one
-//         step equal flat's (fp32's tolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data,
-//         130 Ctrl-C.
-#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out, torch::mm_out
+//         form's losses equal the form's before it: pinned and tutorial (exactly on the CPU, within
+//         kGpuTolerance on a GPU), resident and pinned (exactly, on the CPU). Exit 0 PASS, 1 FAIL,
+//         2 bad flag or missing data, 130 Ctrl-C.
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::index_select_out
 #include <unistd.h>       // defines: isatty (the progress line only on a terminal)
 
 #include <cstdio>
@@ -27,16 +24,15 @@
 #include <map>
 
 #include "common/ann.h"  // defines: ANN, make_train_loader, train_epoch, test_accuracy (lesson 05's)
-#include "common/cli.h"              // defines: Cli, start_lesson
-#include "common/compare.h"          // defines: tolerance_for, max_rel_diff
-#include "common/data.h"             // defines: ImageSet, load_fashion_mnist_splits
-#include "common/device.h"           // defines: why_no_cuda
-#include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters
-#include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
-#include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs
-#include "common/timing.h"           // defines: Stopwatch, count_operators
-#include "common/verdict.h"          // defines: Verdict, report_error
-#include "prefetch.h"  // defines: Prefetcher (threads making items ahead, taken in order)
+#include "common/cli.h"        // defines: Cli, start_lesson
+#include "common/compare.h"    // defines: tolerance_for
+#include "common/data.h"       // defines: ImageSet, load_fashion_mnist_splits
+#include "common/device.h"     // defines: why_no_cuda
+#include "common/interrupt.h"  // defines: stop_requested (Ctrl-C)
+#include "common/report.h"     // defines: EpochStats, run_epochs, print_timed_runs
+#include "common/timing.h"     // defines: Stopwatch
+#include "common/verdict.h"    // defines: Verdict, report_error
+#include "prefetch.h"          // defines: Prefetcher (threads making items ahead, taken in order)
 
 namespace lesson11 {
 
@@ -53,9 +49,9 @@ constexpr int kQuickEpochs = 1;
 constexpr std::int64_t kQuickSamples = 10000;
 constexpr double kQuickAccuracyBar = 0.70;
 constexpr std::int64_t kPixels = 28 * 28;
-// The flat step does Adam's arithmetic on each element, but a kernel that vectorizes may round a
-// last bit otherwise, and training carries such bits on: ten times fp32's (common/compare.h).
-constexpr double kFlatTolerance = 10 * course::tolerance_for(torch::kFloat);
+// On a GPU the same batches may round a last bit otherwise (another kernel for the gather), and
+// training carries such bits on: ten times fp32's (common/compare.h).
+constexpr double kGpuTolerance = 10 * course::tolerance_for(torch::kFloat);
 //! [knobs]
 
 // ---- the tutorial's loop: lesson 05's, from common/ann.h --------------------------------------
@@ -260,99 +256,6 @@ EpochStats train_epoch_loaded(Trainer& trainer, Loader& loader, const torch::Dev
 }
 //! [epoch]
 
-// ---- 3. "flat": all parameters in one tensor ----------------------------------------------------
-// The model's parameters moved into one tensor, their gradients into another: from
-// common/flat_parameters.h (lesson 17 profiles this step too).
-using course::FlatParameters;      // values, and gradients: values.grad()
-using course::flatten_parameters;  // each parameter becomes a view into values
-
-//! [flat-trainer]
-struct FlatTrainer : Trainer {  // the model's parameters in `flat`; Adam over flat.values only
-  FlatParameters flat;
-};
-
-FlatTrainer make_flat_trainer(const torch::Device& device, std::uint64_t seed) {
-  torch::manual_seed(seed);  // the tutorial's first weights
-  FlatTrainer trainer;
-  trainer.model->to(device);                                 // 1. the model moves once,
-  trainer.flat = flatten_parameters(*trainer.model);         // 2. its parameters become one tensor,
-  trainer.optimizer = std::make_unique<torch::optim::Adam>(  // 3. and the optimizer comes last
-      std::vector<torch::Tensor>{trainer.flat.values}, torch::optim::AdamOptions(kLearningRate));
-  return trainer;
-}
-//! [flat-trainer]
-
-//! [flat-step]
-torch::Tensor flat_step(FlatTrainer& trainer, const Batch& batch) {
-  // >>> lab: zero every parameter's gradient at once: they all live in trainer.flat.gradients
-  trainer.flat.gradients.zero_();  // zero_grad() for every parameter: one kernel
-  // <<< lab
-  const torch::Tensor loss =
-      torch::nn::functional::cross_entropy(trainer.model->forward(batch.images), batch.labels);
-  loss.backward();            // each gradient lands in trainer.flat.gradients
-  trainer.optimizer->step();  // Adam over one tensor: a handful of kernels in all
-  return loss.detach();
-}
-
-// The flat epoch checks first that every gradient is still a view into the flat gradient tensor,
-// where Adam reads it. A zero_grad() on the parameters breaks that: LibTorch 2.x sets each
-// gradient to none and backward makes new ones that Adam never sees (1.13 refuses it). The
-// "manual" run gives its own `step`.
-EpochStats train_epoch_flat(FlatTrainer& trainer, Loader& loader, const torch::Device& device,
-                            std::function<torch::Tensor(const Batch&)> step = {}) {
-  const auto* begin = static_cast<const char*>(trainer.flat.gradients.data_ptr());
-  for (const auto& p : trainer.model->parameters()) {
-    const auto* grad = p.grad().defined() ? static_cast<const char*>(p.grad().data_ptr()) : nullptr;
-    if (grad == nullptr || grad < begin || grad >= begin + trainer.flat.gradients.nbytes()) {
-      throw course::CourseError(
-          "a gradient is outside the flat gradient tensor, where Adam reads: zero_grad() was "
-          "called on the parameters of a flattened model",
-          "zero the flat gradients instead (trainer.flat.gradients.zero_()), or do not flatten");
-    }
-  }
-  trainer.model->train();
-  if (!step) step = [&](const Batch& batch) { return flat_step(trainer, batch); };
-  return run_epoch(loader, device, step);
-}
-//! [flat-step]
-
-// ---- 4. "manual": the backward pass written out, no autograd ------------------------------------
-//! [manual-step]
-// Autograd records each operator of the forward pass, then runs each one's derivative backwards,
-// making every gradient anew and adding it into .grad(). For the tutorial's three Linear layers
-// the whole backward pass is known beforehand: five matrix products and three sums (the images
-// need no gradient), each gradient written straight into the flat gradient tensor. The same
-// numbers, fewer operators, no graph.
-torch::Tensor manual_step(FlatTrainer& trainer, const Batch& batch) {
-  torch::NoGradGuard no_grad;  // nothing to record: backward is written out below
-  ANN& model = trainer.model;
-  const torch::Tensor& x = batch.images;  // [B, 784]
-  // Forward, as ANN::forward, keeping what backward needs: each layer's input.
-  const torch::Tensor h1 = torch::addmm(model->fc1->bias, x, model->fc1->weight.t()).relu_();
-  const torch::Tensor h2 = torch::addmm(model->fc2->bias, h1, model->fc2->weight.t()).relu_();
-  const torch::Tensor logits = torch::addmm(model->out->bias, h2, model->out->weight.t());
-  const torch::Tensor log_probs = torch::log_softmax(logits, /*dim=*/1);
-  const torch::Tensor loss = torch::nll_loss(log_probs, batch.labels);  // = cross_entropy
-  // Backward. The loss's gradient with respect to the logits: (softmax - one_hot(labels)) / B.
-  const torch::Tensor d_out =
-      log_probs.exp().sub_(torch::one_hot(batch.labels, 10)).div_(x.size(0));
-  // Each layer from the gradient of its output d: weight gradient = d^T input, bias gradient =
-  // d's column sums, and its input's gradient d W, through the ReLU before it only where that
-  // passed (> 0).
-  torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
-  torch::mm_out(grad = model->out->weight.grad(), d_out.t(), h2);
-  torch::sum_out(grad = model->out->bias.grad(), d_out, /*dim=*/0);
-  const torch::Tensor d_h2 = torch::mm(d_out, model->out->weight).mul_(h2 > 0);
-  torch::mm_out(grad = model->fc2->weight.grad(), d_h2.t(), h1);
-  torch::sum_out(grad = model->fc2->bias.grad(), d_h2, /*dim=*/0);
-  const torch::Tensor d_h1 = torch::mm(d_h2, model->fc2->weight).mul_(h1 > 0);
-  torch::mm_out(grad = model->fc1->weight.grad(), d_h1.t(), x);  // the images need no gradient
-  torch::sum_out(grad = model->fc1->bias.grad(), d_h1, /*dim=*/0);
-  trainer.optimizer->step();  // Adam over the flat tensor, as in "flat"
-  return loss;
-}
-//! [manual-step]
-
 // ---- a whole run --------------------------------------------------------------------------------
 struct RunResult {
   std::vector<EpochStats> epochs;
@@ -381,20 +284,8 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
     Loader loader(run, train, batch_size, device, workers);
     result.epochs = train_epochs([&] { return train_epoch_loaded(trainer, loader, device); });
     result.accuracy = course::test_accuracy(trainer.model, test, device);
-  } else if (run == "flat") {  // the resident loader, flat parameters
-    FlatTrainer trainer = make_flat_trainer(device, seed);
-    Loader loader("resident", train, batch_size, device);
-    result.epochs = train_epochs([&] { return train_epoch_flat(trainer, loader, device); });
-    result.accuracy = course::test_accuracy(trainer.model, test, device);
-  } else if (run == "manual") {  // the same, backward written out
-    FlatTrainer trainer = make_flat_trainer(device, seed);
-    Loader loader("resident", train, batch_size, device);
-    const auto step = [&](const Batch& batch) { return manual_step(trainer, batch); };
-    result.epochs = train_epochs([&] { return train_epoch_flat(trainer, loader, device, step); });
-    result.accuracy = course::test_accuracy(trainer.model, test, device);
   } else {
-    throw course::UsageError("no run '" + run + "'",
-                             "use tutorial, pinned, resident, flat or manual");
+    throw course::UsageError("no run '" + run + "'", "use tutorial, pinned or resident");
   }
   return result;
 }
@@ -413,28 +304,6 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
   }
   course::print_timed_runs(rows, "s/epoch", "samples/s", "test accuracy", device.str());
   const auto ran = [&](const std::string& run) { return results.count(run) != 0; };
-  double manual_vs_flat = 0;           // one step's gradients, relative difference
-  if (ran("flat") || ran("manual")) {  // what the flat and manual steps save: ATen operators
-    const Batch batch{train.images.slice(0, 0, batch_size).reshape({-1, kPixels}).to(device),
-                      train.labels.slice(0, 0, batch_size).to(device)};
-    Trainer tutorial = make_trainer(device, kSeed);
-    FlatTrainer flat = make_flat_trainer(device, kSeed), manual = make_flat_trainer(device, kSeed);
-    tutorial_step(tutorial, batch);
-    flat_step(flat, batch);
-    manual_step(manual, batch);
-    // The same weights, the same batch: the written-out backward's gradients against autograd's.
-    // (Not epoch losses: sums in another order round apart, and thousands of steps magnify it.)
-    manual_vs_flat = course::max_rel_diff(manual.flat.gradients, flat.flat.gradients);
-    // Counted from the second step, as lessons 16 and 18 count: the first also makes Adam's state.
-    const long long tutorial_ops = course::count_operators([&] { tutorial_step(tutorial, batch); });
-    const long long flat_ops = course::count_operators([&] { flat_step(flat, batch); });
-    const long long manual_ops = course::count_operators([&] { manual_step(manual, batch); });
-    std::printf(
-        "ATen operators per step: %lld with Adam over %zu parameter tensors, %lld flat, "
-        "%lld manual (a step after the first)\n",
-        tutorial_ops, tutorial.model->parameters().size(), flat_ops, manual_ops);
-  }
-
   // Each form against the form before it, from the same seed: their epoch losses.
   const auto same_losses = [&](const std::string& a, const std::string& b, double tolerance,
                                const std::string& why) {
@@ -443,18 +312,9 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
                   course::format("epoch losses within %.2e (tolerance %.0e)", diff, tolerance));
   };
   if (ran("pinned") && ran("tutorial"))  // same batches, same steps (a GPU may round otherwise)
-    same_losses("pinned", "tutorial", device.is_cpu() ? 0.0 : kFlatTolerance, "same batches");
+    same_losses("pinned", "tutorial", device.is_cpu() ? 0.0 : kGpuTolerance, "same batches");
   if (ran("resident") && ran("pinned") && device.is_cpu())  // a GPU draws another order
     same_losses("resident", "pinned", 0.0, "on the CPU both loaders give the same batches");
-  if (ran("flat") && ran("resident"))  // the same model, data and batches; Adam's bookkeeping
-    same_losses("flat", "resident", kFlatTolerance, "one tensor, the same arithmetic");
-  if (ran("manual")) {
-    const double tolerance = course::tolerance_for(torch::kFloat);
-    verdict.check(manual_vs_flat <= tolerance,
-                  "manual trains as flat: backward written out, the same gradients",
-                  course::format("a step's gradients within %.2e (tolerance %.0e)", manual_vs_flat,
-                                 tolerance));
-  }
   for (const auto& run : runs) {
     verdict.check(results[run].accuracy >= bar, run + " run: test accuracy reaches the bar",
                   course::format("%.4f vs bar %.2f", results[run].accuracy, bar));
@@ -478,7 +338,7 @@ int main(int argc, char** argv) try {
   cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);
   cli.add_option("--run", only, "which run to train (all: each in turn)",
-                 {"all", "tutorial", "pinned", "resident", "flat", "manual"});
+                 {"all", "tutorial", "pinned", "resident"});
   cli.add_option("--workers", workers, "threads loading batches (num_workers)", 0, kMaxWorkers);
   if (auto code = cli.parse(argc, argv)) return *code;
   const torch::Device device = course::start_lesson(options);
@@ -493,7 +353,7 @@ int main(int argc, char** argv) try {
             << " test; the tutorial's ANN, batch " << batch_size << ", " << workers
             << " loader workers, " << epochs << " epoch(s)\n";
   std::vector<std::string> runs = {only};
-  if (only == "all") runs = {"tutorial", "pinned", "resident", "flat", "manual"};
+  if (only == "all") runs = {"tutorial", "pinned", "resident"};
   compare_runs(runs, train, test, epochs, batch_size, workers,
                full_run ? kAccuracyBar : kQuickAccuracyBar, device, options.seed, verdict);
   return verdict.finish("lesson 11 on " + device.str());

@@ -1,5 +1,5 @@
 // Lesson 17 (going further) — profiling: where a training step's time goes, shown by LibTorch's
-// own profiler (the one behind Python's torch.profiler), for lesson 05's loop and lesson 11's.
+// own profiler (the one behind Python's torch.profiler), for lesson 05's loop and lesson 12's.
 //
 // Tutorial 004 says: minimize the data moved between host and device, prefer vectorized
 // operations; lesson 11 adds: keep .item() out of the loop. Earlier lessons time each with a
@@ -15,14 +15,14 @@
 //   - to name a step's parts (forward, backward, optimizer.step) with ranges that the table and
 //     the trace show, and on a GPU with NVTX ranges that Nsight Systems shows;
 //   - what the profile proves: lesson 05's loop reads the loss (.item()) and copies its batch at
-//     every step, lesson 11's does neither, and LibTorch's Adam runs its operators once per
+//     every step, lesson 12's does neither, and LibTorch's Adam runs its operators once per
 //     parameter tensor where the flat step runs them once.
 //
 // Run:    build/bin/lesson17_profiling [--device auto|cpu|cuda|cuda:N] [--steps N] [--trace FILE]
 //           [--sort self|total|device] [--data-dir DIR] [--quick]
 // Checks: each loop holds one range of each part per profiled step; lesson 05's loop one
-//         .item() per step, lesson 11's none; lesson 05's loop copies each batch to a GPU
-//         (two host-to-device copies per step) where lesson 11's copies none (on the CPU: one
+//         .item() per step, lesson 12's none; lesson 05's loop copies each batch to a GPU
+//         (two host-to-device copies per step) where lesson 12's copies none (on the CPU: one
 //         aten::to per step on the batch of images, which copies nothing, against none);
 //         LibTorch's Adam runs its operators once per parameter tensor (six times the flat
 //         step's). Exit 0 PASS, 1 FAIL,
@@ -48,7 +48,7 @@
 #include "common/cli.h"              // defines: Cli, start_lesson
 #include "common/data.h"             // defines: ImageSet, take
 #include "common/device.h"           // defines: synchronize
-#include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 11's)
+#include "common/flat_parameters.h"  // defines: FlatParameters, flatten_parameters (lesson 12's)
 #include "common/report.h"           // defines: format
 #include "common/verdict.h"          // defines: Verdict, report_error
 #include "key_averages.h"  // defines: Event, events_of, key_averages, print_table (the op table)
@@ -148,12 +148,12 @@ void tutorial_steps(TutorialLoop& loop, int steps, const torch::Device& device) 
 //! [tutorial-loop]
 
 //! [fast-loop]
-// Lesson 11's fast loop ("flat"): the images already on the device, every parameter in one
+// Lesson 12's fast loop ("flat"): the images already on the device, every parameter in one
 // tensor (Adam steps over that one tensor), the loss summed on the device. Its batches are the
 // first images in order: a profile needs steps, not an epoch's shuffle.
 struct FastLoop {
   ANN model;
-  course::FlatParameters flat;  // lesson 11's: common/flat_parameters.h
+  course::FlatParameters flat;  // lesson 12's: common/flat_parameters.h
   std::unique_ptr<torch::optim::Adam> optimizer;
   torch::Tensor images, labels;  // resident: on the device before the first step
   torch::Tensor loss_sum;        // on the device; read once, after the profile
@@ -284,23 +284,23 @@ void check_profile(const LoopFacts& tutorial, const LoopFacts& fast, int steps,
       each = each && loop->ranges.at(part) == steps;
     }
     verdict.check(each,
-                  std::string(loop == &tutorial ? "lesson 05's" : "lesson 11's") +
+                  std::string(loop == &tutorial ? "lesson 05's" : "lesson 12's") +
                       " loop has one range of each part per step",
                   counts + course::format(" in %d steps", steps));
   }
   verdict.check(tutorial.item_reads == steps && fast.item_reads == 0,
-                "lesson 05's loop reads the loss at every step, lesson 11's never",
+                "lesson 05's loop reads the loss at every step, lesson 12's never",
                 course::format("aten::_local_scalar_dense: %lld and %lld in %d steps each",
                                n(tutorial.item_reads), n(fast.item_reads), steps));
   if (device.is_cuda()) {
     verdict.check(tutorial.host_to_device >= 2 * steps && fast.host_to_device == 0,
-                  "lesson 05's loop copies each batch to the device, lesson 11's copies none",
+                  "lesson 05's loop copies each batch to the device, lesson 12's copies none",
                   course::format("Memcpy HtoD: %lld and %lld in %d steps each",
                                  n(tutorial.host_to_device), n(fast.host_to_device), steps));
   } else {  // .to(kCPU) of a tensor on the CPU hands the same tensor back: nothing is copied
     verdict.check(
         tutorial.image_moves == steps && fast.image_moves == 0 && tutorial.image_copies == 0,
-        "lesson 05's loop moves each batch (no copy on the CPU), lesson 11's never",
+        "lesson 05's loop moves each batch (no copy on the CPU), lesson 12's never",
         course::format("aten::to on a batch of images: %lld and %lld in %d steps each; "
                        "aten::_to_copy on one: %lld",
                        n(tutorial.image_moves), n(fast.image_moves), steps,
@@ -352,16 +352,16 @@ void run_lesson(const course::FashionMNIST& train, int steps, std::string sort_b
   const std::vector<Event> t_events = events_of(*profiles.tutorial);
   const std::vector<Event> f_events = events_of(*profiles.fast);
   const LoopFacts t = facts_of(t_events), f = facts_of(f_events);
-  std::printf("  events: %zu (lesson 05's loop), %zu (lesson 11's loop)\n", t_events.size(),
+  std::printf("  events: %zu (lesson 05's loop), %zu (lesson 12's loop)\n", t_events.size(),
               f_events.size());
-  std::printf("  ATen operators per step: %.0f (lesson 05's loop), %.0f (lesson 11's loop)\n",
+  std::printf("  ATen operators per step: %.0f (lesson 05's loop), %.0f (lesson 12's loop)\n",
               static_cast<double>(t.operators) / steps, static_cast<double>(f.operators) / steps);
-  std::printf("  mean loss of the %d steps each ran: %.4f (lesson 05's loop), %.4f (lesson 11's)\n",
+  std::printf("  mean loss of the %d steps each ran: %.4f (lesson 05's loop), %.4f (lesson 12's)\n",
               kWarmupSteps + steps, profiles.tutorial_loss, profiles.fast_loss);
   std::cout << "\n2. lesson 05's loop: the op table by " << sort_by << " time, " << kRowLimit
             << " rows\n";
   print_table(key_averages(t_events), sort_by, kRowLimit);
-  std::cout << "\n   lesson 11's loop: the op table by " << sort_by << " time, " << kRowLimit
+  std::cout << "\n   lesson 12's loop: the op table by " << sort_by << " time, " << kRowLimit
             << " rows\n";
   print_table(key_averages(f_events), sort_by, kRowLimit);
   std::cout << "\n3. what the profiles show\n";
@@ -369,7 +369,7 @@ void run_lesson(const course::FashionMNIST& train, int steps, std::string sort_b
   if (!trace.empty()) {
     std::cout << "\n4. the traces: open them in chrome://tracing or ui.perfetto.dev\n";
     for (auto [result, loop] : {std::pair{profiles.tutorial.get(), "lesson05"},
-                                std::pair{profiles.fast.get(), "lesson11"}}) {
+                                std::pair{profiles.fast.get(), "lesson12"}}) {
       const std::string file = trace_file(trace, loop);
       const bool kineto = save_chrome_trace(*result, file);
       std::cout << "  " << file
@@ -392,14 +392,14 @@ int main(int argc, char** argv) try {
   int steps = 0;  // 0: kSteps, or kQuickSteps with --quick
   std::string trace, sort_by;
   course::Cli cli("lesson17_profiling",
-                  "Lesson 17: where lesson 05's and lesson 11's training steps spend their time.",
+                  "Lesson 17: where lesson 05's and lesson 12's training steps spend their time.",
                   options);
   cli.add_data_dir();
   cli.add_option("--steps", steps, "steps of each loop to profile (0 = 5, or 3 with --quick)", 0,
                  200);
   cli.add_path(
       "--trace", trace,
-      "write each loop's profile as a Chrome trace: FILE-lesson05.json, FILE-lesson11.json");
+      "write each loop's profile as a Chrome trace: FILE-lesson05.json, FILE-lesson12.json");
   cli.add_option("--sort", sort_by, "the op table's order (default: self, or device on CUDA)",
                  {"self", "total", "device"});
   if (auto code = cli.parse(argc, argv)) return *code;

@@ -9,7 +9,7 @@
 //     .to(device), autograd, Adam over six parameter tensors, loss.item() every step;
 //   - "resident": the same step; the dataset on the device, shuffled there once per epoch (each
 //     batch then a slice: no gather, no copy), each step's loss kept on the device;
-//   - "fused": lesson 11's "manual" form (one flat parameter tensor, the backward pass written out
+//   - "fused": lesson 12's "manual" form (one flat parameter tensor, the backward pass written out
 //     into the gradients' own memory) in fewer operators: linear + ReLU as one, the loss's
 //     gradient in two, results written into memory made once, LibTorch's fused Adam;
 //   - "graphed": on CUDA, the fused epoch as one CUDA graph, replayed: one launch per epoch.
@@ -32,7 +32,7 @@
 #include "common/compare.h"          // defines: tolerance_for
 #include "common/data.h"             // defines: ImageSet, load_fashion_mnist_splits
 #include "common/device.h"           // defines: synchronize
-#include "common/flat_parameters.h"  // defines: flatten_parameters (lesson 11's)
+#include "common/flat_parameters.h"  // defines: flatten_parameters (lesson 12's)
 #include "common/interrupt.h"        // defines: stop_requested (Ctrl-C)
 #include "common/report.h"           // defines: EpochStats, run_epochs, print_timed_runs, format
 #include "common/timing.h"           // defines: Stopwatch, count_operators

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "common/ann.h"              // defines: ANN (the tutorial's fc1, fc2, out)
-#include "common/flat_parameters.h"  // defines: FlatParameters (lesson 11's)
+#include "common/flat_parameters.h"  // defines: FlatParameters (lesson 12's)
 #include "common/version.h"          // defines: GPU_LESSONS_TORCH_AT_LEAST
 
 namespace lesson18 {

@@ -36,7 +36,7 @@
 #include "common/cli.h"               // defines: Cli, start_lesson
 #include "common/compare.h"           // defines: max_rel_diff, tolerance_for
 #include "common/data.h"              // defines: ImageSet, load_fashion_mnist_splits
-#include "common/flat_parameters.h"   // defines: FlatParameters, flatten_parameters (lesson 11's)
+#include "common/flat_parameters.h"   // defines: FlatParameters, flatten_parameters (lesson 12's)
 #include "common/report.h"            // defines: EpochStats, run_epochs, print_timed_runs, format
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/timing.h"            // defines: Stopwatch, time_median, matmul_rate

@@ -188,7 +188,7 @@ class Lesson17Trace(Scratch):
     def test_traces_hold_every_steps_ranges(self):
         code, out = run([self.LESSON, "--quick", "--device", "cpu", "--trace", self.path("t.json")])
         self.assertEqual(code, 0, out)
-        for loop in ("lesson05", "lesson11"):
+        for loop in ("lesson05", "lesson12"):
             with open(self.path(f"t-{loop}.json")) as f:
                 events = json.load(f)["traceEvents"]
             ranges = [e for e in events if e.get("ph") == "X" and
@@ -199,8 +199,8 @@ class Lesson17Trace(Scratch):
                           "(apt-get install python3-matplotlib)")
         picture = self.path("timeline.png")
         code, out = run([os.path.join(SCRIPTS, "plot-trace"), picture, self.path("t-lesson05.json"),
-                         self.path("t-lesson11.json"), "--titles", "lesson 05's loop",
-                         "lesson 11's loop"])
+                         self.path("t-lesson12.json"), "--titles", "lesson 05's loop",
+                         "lesson 12's loop"])
         self.assertEqual(code, 0, out)
         with open(picture, "rb") as f:
             self.assertEqual(f.read(4), b"\x89PNG")
@@ -437,7 +437,7 @@ class GpuPass(Scratch):
         for lesson in ("09", "14"):  # torchrun's job of one rank
             name = [n for n in lessons if n.startswith(f"lesson{lesson}_")][0]
             self.assertIn(f"RESULT: PASS lesson {lesson} rank 0 of 1", text(name + ".torchrun.txt"))
-        for loop in ("lesson05", "lesson11"):  # lesson 17's traces, which --import draws
+        for loop in ("lesson05", "lesson12"):  # lesson 17's traces, which --import draws
             self.assertIn('"traceEvents"', text(f"lesson17_profiling-{loop}.json"))
         for bench in glob.glob(os.path.join(BUILD, "bin", "bench_*")):
             with open(os.path.join(packed, "docs", "benchmarks", "gpu",
