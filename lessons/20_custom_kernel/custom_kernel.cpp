@@ -99,7 +99,7 @@ c10::TypedOperatorHandle<epoch_op::TrainEpoch> train_epoch_op() {
 // ---- what the operator trains -------------------------------------------------------------------
 //! [op-trainer]
 // The tutorial's ANN with its parameters in one flat tensor (each parameter a view of it, in
-// model.parameters()'s order: lesson 11's FlatParameters), and Adam's state beside them.
+// model.parameters()'s order: lesson 12's FlatParameters), and Adam's state beside them.
 struct OpTrainer {
   ANN model;
   course::FlatParameters flat;
@@ -143,7 +143,7 @@ Trainer make_trainer(const torch::Device& device, std::uint64_t seed) {
 }
 
 // The tutorial's steps over `order`'s rows, batches of 64 sliced from it on the device (lesson
-// 17's "resident" form). Returns each step's loss, on the device: no .item() in the loop.
+// 18's "resident" form). Returns each step's loss, on the device: no .item() in the loop.
 torch::Tensor train_with_autograd(Trainer& t, const torch::Tensor& images,
                                   const torch::Tensor& labels, const torch::Tensor& order) {
   t.model->train();
