@@ -7,7 +7,7 @@
 //     every batch's features and labels inside the loop, before the forward pass;
 //   - the loop itself: forward, loss, zero_grad, backward, step, and the epoch's mean loss;
 //   - evaluation with model->eval(), a NoGradGuard and torch::max(outputs, 1).
-// Lesson 11 (going further) makes this loop fast and checks it against this one.
+// Lessons 11 and 12 (going further) make this loop fast and check it against this one.
 //
 //! [run-checks]
 // Run:    build/bin/lesson05_training_loop [--device auto|cpu|cuda|cuda:N] [--epochs N]
