@@ -61,7 +61,7 @@ TEST(ResidentBatches, EverySampleOncePerEpochReshuffled) {
 // step's after the same first step.
 TEST(OperatorCounts, EachFormDispatchesFewer) {
   const lesson12::OperatorCounts ops =
-      lesson12::count_operators_per_step(random_images(64), 64, torch::kCPU);
+      lesson12::count_operators_per_step(random_images(64), 64, torch::kCPU, 1);
   EXPECT_EQ(ops.tensors, 6u);
   EXPECT_LT(ops.flat, ops.tutorial);
   EXPECT_LT(ops.manual, ops.flat);
