@@ -10,14 +10,15 @@
 //   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor;
 //   - "manual": the backward pass written out as matrix products, no autograd;
 //   - to count the operators of a step (LibTorch's RecordFunction callbacks).
-// (Lesson 18 fuses the step further and captures a whole epoch in a CUDA graph.)
+// (Lesson 16 captures a step in a CUDA graph; lesson 18 fuses the manual step further and
+// captures a whole epoch.)
 //
 // Run:    build/bin/lesson12_fewer_operators [--device ...] [--epochs N] [--quick]
 //           [--run all|resident|flat|manual] [--batch-size N] [--data-dir DIR]
 // Checks: each run's test accuracy >= kAccuracyBar (kQuickAccuracyBar for shorter runs); flat's
 //         epoch losses equal resident's (kFlatTolerance); manual's gradients for one step equal
 //         flat's (fp32's tolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
-#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::mm_out, torch::sum_out
+#include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::mm_out, torch::index_select_out
 
 #include <cstdio>
 #include <functional>
@@ -62,7 +63,7 @@ struct Batch {  // float32 images [B, 784] and int64 labels [B], on the training
   torch::Tensor images, labels;
 };
 
-// The dataset copied to the device once; each batch gathered there by an index_select, in an
+// The dataset copied to the device once; each batch gathered there by two index_selects, in an
 // order drawn on the device. As LibTorch's RandomSampler, an order is drawn as the batches are
 // made and another as each epoch starts: on the CPU, from one seed, lesson 05's batches.
 class ResidentBatches {
@@ -75,11 +76,18 @@ class ResidentBatches {
     new_order();
   }
   void start_epoch() { new_order(); }
-  bool next(Batch& batch) {  // the next batch, false at the end of the epoch
+  // The next batch (false at the end of the epoch), gathered into `batch`'s own tensors when they
+  // have its size, as lesson 11's: no new allocation per step.
+  bool next(Batch& batch) {
     if (cursor_ >= size()) return false;
     const torch::Tensor idx = order_.slice(0, cursor_, cursor_ + batch_size_);
     cursor_ += batch_size_;
-    batch = {images_.index_select(0, idx), labels_.index_select(0, idx)};
+    if (!batch.labels.defined() || batch.labels.size(0) != idx.size(0)) {
+      batch = {torch::empty({idx.size(0), kPixels}, images_.options()),
+               torch::empty({idx.size(0)}, labels_.options())};
+    }
+    torch::index_select_out(batch.images, images_, 0, idx);
+    torch::index_select_out(batch.labels, labels_, 0, idx);
     return true;
   }
   std::int64_t size() const { return labels_.size(0); }
