@@ -123,8 +123,10 @@ class Loader {
     // resident: one copy of the whole dataset to the device, up front
     images_ = data.images.reshape({-1, kPixels}).to(resident_ ? device : torch::kCPU).contiguous();
     labels_ = data.labels.to(resident_ ? device : torch::kCPU);
-    new_order();  // as LibTorch's RandomSampler: an order drawn as the loader is made, and
-  }               // another as each epoch starts; so one seed gives the DataLoader's batches
+    // As LibTorch's RandomSampler: an order drawn as the loader is made, and another as each
+    // epoch starts; so one seed gives the DataLoader's batches.
+    new_order();
+  }
   void start_epoch() {
     ahead_.stop();  // the workers of an epoch left half-way read the old order: stop them first
     new_order();
@@ -268,8 +270,10 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
                              const std::string& run, int epochs, std::int64_t batch_size,
                              const torch::Device& device, std::uint64_t seed, int workers = 0) {
   const std::int64_t samples = train.labels.size(0);
-  const auto train_epochs = [&](const std::function<EpochStats()>& epoch) {  // Ctrl-C ends the
-    return course::run_epochs(run, epochs, samples, epoch,  // step under way, then the run
+  // Each epoch in turn, as course::run_epochs prints them; Ctrl-C ends the step under way, then
+  // the run.
+  const auto train_epochs = [&](const std::function<EpochStats()>& epoch) {
+    return course::run_epochs(run, epochs, samples, epoch,
                               "nothing is saved (lesson 10 saves and resumes runs)");
   };
   RunResult result;

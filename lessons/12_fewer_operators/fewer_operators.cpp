@@ -228,7 +228,10 @@ torch::Tensor manual_step(FlatTrainer& trainer, const Batch& batch) {
   // Each layer from the gradient of its output d: weight gradient = d^T input, bias gradient =
   // d's column sums, and its input's gradient d W, through the ReLU before it only where that
   // passed (> 0).
-  torch::Tensor grad;  // each parameter's gradient, a view into the flat gradient tensor
+  // Each parameter's gradient, a view into the flat gradient tensor. `.grad()` returns a const
+  // reference, and mm_out and sum_out take a non-const one (`Tensor& out`) to write into, so each
+  // call first copies the handle into `grad`: the same memory, as `g = p.grad` is in Python.
+  torch::Tensor grad;
   torch::mm_out(grad = model->out->weight.grad(), d_out.t(), h2);
   torch::sum_out(grad = model->out->bias.grad(), d_out, /*dim=*/0);
   const torch::Tensor d_h2 = torch::mm(d_out, model->out->weight).mul_(h2 > 0);
@@ -254,8 +257,10 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
                              const std::string& run, int epochs, std::int64_t batch_size,
                              const torch::Device& device, std::uint64_t seed) {
   const std::int64_t samples = train.labels.size(0);
-  const auto train_epochs = [&](const std::function<EpochStats()>& epoch) {  // Ctrl-C ends the
-    return course::run_epochs(run, epochs, samples, epoch,  // step under way, then the run
+  // Each epoch in turn, as course::run_epochs prints them; Ctrl-C ends the step under way, then
+  // the run.
+  const auto train_epochs = [&](const std::function<EpochStats()>& epoch) {
+    return course::run_epochs(run, epochs, samples, epoch,
                               "nothing is saved (lesson 10 saves and resumes runs)");
   };
   RunResult result;

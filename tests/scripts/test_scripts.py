@@ -620,8 +620,8 @@ class LabsGraded(unittest.TestCase):
                            [(r"^( *)(features|labels) = (features|labels)\.to\(device\);",
                              r"\1(void)device;")],
                            "stayed on the host")
-        # Lesson 11: the model (two trainers) and the batch copies (two lines) left on the host.
-        self.moves_nothing("11", "fast_training_loop.cpp", 4,
+        # Lesson 11: the model (its trainer) and the batch copies (two lines) left on the host.
+        self.moves_nothing("11", "fast_training_loop.cpp", 3,
                            [(r"^( *)trainer\.model->to\(device\);.*", r"\1(void)device;"),
                             (r"host\.(images|labels)\.to\(device_, /\*non_blocking=\*/pinned_\)",
                              r"host.\1")],
