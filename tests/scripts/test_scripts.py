@@ -434,7 +434,7 @@ class GpuPass(Scratch):
                       "lesson10_checkpointing.resume", "lesson10_checkpointing.roundtrip",
                       "lesson13_crash_safe_checkpoints.resume"):
             self.assertTrue(text(extra + ".txt"), extra)
-        for lesson in ("09", "14"):  # torchrun's job of one rank
+        for lesson in ("09", "15"):  # torchrun's job of one rank
             name = [n for n in lessons if n.startswith(f"lesson{lesson}_")][0]
             self.assertIn(f"RESULT: PASS lesson {lesson} rank 0 of 1", text(name + ".torchrun.txt"))
         for loop in ("lesson05", "lesson12"):  # lesson 17's traces, which --import draws
