@@ -115,6 +115,11 @@ TEST(GradScaler, DisabledPassesThrough) {
   EXPECT_TRUE(rig.step());
   EXPECT_TRUE(rig.step(kInf));  // nothing is checked: the step is taken
   EXPECT_EQ(rig.scaler.get_scale(), 1.0);
+  // GradScaler(device, enabled): Python's GradScaler(device, enabled=...), its other defaults.
+  EXPECT_FALSE(lesson08::GradScaler(torch::kCPU, /*enabled=*/false).is_enabled());
+  const lesson08::GradScaler on(torch::kCPU, /*enabled=*/true);
+  EXPECT_TRUE(on.is_enabled());
+  EXPECT_EQ(on.get_scale(), lesson08::GradScalerOptions().init_scale);
 }
 
 // Tests the misuses Python's scaler refuses, with its messages.

@@ -2,7 +2,8 @@
 //
 // You will learn:
 //   - the tutorial's tips, line for line: a large tensor deleted (in C++: its last handle let go),
-//     torch.cuda.empty_cache(), nvidia-smi to watch it (--watch), each seen in the memory it moves;
+//     torch.cuda.empty_cache(), nvidia-smi to watch it (--watch), and the memory read before and
+//     after each (torch.cuda.memory_allocated(): not in the tutorial, but how to see its effect);
 //   - to read allocated memory (held by live tensors) and reserved (held by the allocator: on
 //     CUDA, allocated plus its cache), their peaks and the allocations, with the caching
 //     allocator's own API (torch.cuda.memory_allocated() is CUDACachingAllocator::getDeviceStats);
@@ -14,9 +15,9 @@
 //
 // Run:    build/bin/lesson07_memory_management [--device auto|cpu|cuda|cuda:N] [--quick] [--watch]
 // Checks: the deleted tensor's memory returns to the baseline; peak memory grows with the batch
-//         size; the OOM loop fails, then finds a batch that fits. Exit 0 PASS, 1 FAIL, 2 bad flag.
+//         size; the OOM loop ends on a batch that fits after at least one failure. Exit 0 PASS,
+//         1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, c10::OutOfMemoryError
-#include <unistd.h>       // defines: getpid
 
 #include <chrono>
 #include <cstdint>
@@ -25,7 +26,8 @@
 #include <string>
 #include <vector>
 
-#ifdef GPU_LESSONS_WITH_CUDA                // CMake defines it when this LibTorch has CUDA
+// GPU_LESSONS_WITH_CUDA: CMake defines it when this LibTorch has CUDA.
+#ifdef GPU_LESSONS_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>  // defines: getDeviceStats, resetPeakStats, emptyCache
 #endif
 
@@ -33,7 +35,7 @@
 #include "common/device.h"   // defines: format_bytes
 #include "common/verdict.h"  // defines: Verdict, error_message, report_error
 #include "memory/memory.h"   // defines: MemoryStats, the CPU's meter and budget
-#include "smi_view.h"        // defines: smi_view (nvidia-smi's view, from NVML), mem_get_info
+#include "smi_view.h"        // defines: show_smi_view, SmiWatch (nvidia-smi's view), mem_get_info
 #include "training_state.h"  // defines: training_state_bytes
 
 namespace lesson07 {
@@ -50,13 +52,18 @@ constexpr int kWatchSeconds = 5;                   // --watch: how long steps tr
 std::string mib(std::int64_t bytes) { return course::format_bytes(static_cast<double>(bytes)); }
 
 // ---- 1. The tutorial's memory tips -------------------------------------------------------------
-// torch.cuda.memory_allocated() and the rest: in section 3, declared here for the tutorial's part.
+// torch.cuda.memory_allocated(), memory_reserved() and the rest: the caching allocator's own API,
+// in section 3 (declared here, so that the tutorial's part can come first).
 course::MemoryStats read_memory(const torch::Device& device);
 
 /// Allocated and reserved memory around the tutorial's lines.
 struct FreeFacts {
-  std::int64_t allocated_before = 0, allocated_with = 0, allocated_after = 0;
-  std::int64_t reserved_with = 0, reserved_after_free = 0, reserved_after_empty = 0;
+  std::int64_t allocated_before = 0;      ///< before the tensor is made
+  std::int64_t allocated_with = 0;        ///< while it lives
+  std::int64_t allocated_after = 0;       ///< after its last handle is let go
+  std::int64_t reserved_with = 0;         ///< the allocator's hold while it lives
+  std::int64_t reserved_after_free = 0;   ///< ... after it is freed (CUDA keeps the block)
+  std::int64_t reserved_after_empty = 0;  ///< ... after emptyCache() (torch.cuda.empty_cache())
 };
 
 //! [tutorial]
@@ -143,7 +150,8 @@ void train_step(Net& model, torch::optim::Optimizer& optimizer, std::int64_t bat
   const auto on = torch::TensorOptions().device(device);
   const torch::Tensor x = torch::rand({batch, 784}, on);
   const torch::Tensor y = torch::randint(10, {batch}, on.dtype(torch::kLong));
-  // set_to_none frees the gradients between steps (1.13's default keeps them, zeroed).
+  // set_to_none frees the gradients between steps, so that they are not part of the next step's
+  // memory (LibTorch 1.13's default keeps them, zeroed; 2.x frees them).
   model->zero_grad(/*set_to_none=*/true);
   torch::nn::functional::cross_entropy(model->forward(x), y).backward();
   optimizer.step();
@@ -222,47 +230,6 @@ std::vector<OomAttempt> shrink_until_fits(Net& model, torch::optim::Optimizer& o
 }
 //! [oom-loop]
 
-/// Prints nvidia-smi's view of `device` (used, total, each process) beside this process's
-/// allocator.
-//! [smi-view]
-void show_smi_view(const torch::Device& device) {
-  if (!device.is_cuda()) {
-    std::cout << "\nnvidia-smi's view against the allocator's (skipped: needs CUDA)\n";
-    return;
-  }
-  const course::MemoryStats mine = read_memory(device);
-  const SmiView smi = smi_view(device);  // what nvidia-smi reads: NVML
-  if (!smi.available) {  // without NVML: the driver's total and free, without the processes
-    const MemGetInfo dm = mem_get_info(device);
-    std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not
-              << ")\nThe driver: " << mib(dm.total - dm.free) << " used of " << mib(dm.total)
-              << "\n";
-  } else {
-    std::cout << "\nWhat nvidia-smi shows for " << device << ": " << mib(smi.used) << " used of "
-              << mib(smi.total) << ", by " << smi.processes.size() << " process(es):\n";
-  }
-  const GpuProcess* self = nullptr;
-  for (const GpuProcess& p : smi.processes) {
-    const bool me = p.pid == static_cast<unsigned>(getpid());
-    if (me) self = &p;
-    std::cout << "  pid " << p.pid << "  " << (p.bytes < 0 ? "(not reported)" : mib(p.bytes))
-              << "  " << p.name << (me ? "  <- this process" : "") << "\n";
-  }
-  std::cout << "This process's allocator: " << mib(mine.reserved) << " reserved, "
-            << mib(mine.allocated) << " allocated\n";
-  if (!smi.available) return;  // no NVML: no process list to compare with
-  if (self != nullptr && self->bytes >= 0) {
-    std::cout << "  nvidia-smi counts " << mib(self->bytes - mine.reserved)
-              << " more for this process: its CUDA context (the kernels' code, the runtime's and "
-                 "the libraries' own memory). The rest of 'used' belongs to the other processes "
-                 "and the driver.\n";
-  } else {
-    std::cout << "  this process is not in the list with its memory: in a container NVML names "
-                 "processes by the host's process IDs, or the driver keeps the figure back\n";
-  }
-}
-//! [smi-view]
-
 // --watch: steps train for kWatchSeconds while another thread prints nvidia-smi's view each second.
 //! [watch]
 void watch_training(Net& model, torch::optim::Optimizer& optimizer, std::int64_t batch,
@@ -334,14 +301,17 @@ int main(int argc, char** argv) try {
   course::CommonOptions options;
   options.seed = kSeed;
   course::Cli cli("lesson07_memory_management",
-                  "Lesson 07: memory of a training step, freeing it, and surviving OOM.", options);
+                  "Lesson 07: memory of a training step, freeing it, and recovering from OOM.",
+                  options);
   bool watch = false;
   cli.add_flag("--watch", watch, "print nvidia-smi's view once a second while steps train (CUDA)");
   if (auto code = cli.parse(argc, argv)) return *code;
-  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  // The tutorials' device line:
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
   device = course::start_lesson(options, device);  // --device may override it; printed first
   course::install_counting_cpu_allocator();        // the CPU's memory meter, counted from here on
   course::Verdict verdict;
+
   torch::manual_seed(options.seed);
   Net model;
   model->to(device);  // on CUDA, the first tensor there also starts the caching allocator
@@ -350,10 +320,11 @@ int main(int argc, char** argv) try {
             << " tensor on " << device << ":\n";
   const FreeFacts f = free_then_empty(device, kFreeBytes);
   std::cout << "  allocated " << mib(f.allocated_before) << " -> " << mib(f.allocated_with)
-            << " -> after the delete " << mib(f.allocated_after) << "\n  reserved while alive "
-            << mib(f.reserved_with) << ", after the delete " << mib(f.reserved_after_free)
-            << ", after emptyCache " << mib(f.reserved_after_empty)
-            << (device.is_cuda() ? "" : "  (the CPU has no cache: reserved = allocated)") << "\n";
+            << " -> after the delete " << mib(f.allocated_after) << "\n";
+  std::cout << "  reserved while alive " << mib(f.reserved_with) << ", after the delete "
+            << mib(f.reserved_after_free) << ", after emptyCache " << mib(f.reserved_after_empty);
+  if (!device.is_cuda()) std::cout << "  (the CPU has no cache: reserved = allocated)";
+  std::cout << "\n";
   verdict.check(f.allocated_with - f.allocated_before >= kFreeBytes &&
                     f.allocated_after == f.allocated_before,
                 "the deleted tensor's memory returns to the baseline");
@@ -370,8 +341,10 @@ int main(int argc, char** argv) try {
   std::vector<std::int64_t> batches = kBatchSizes;
   if (options.quick) batches.resize(3);
   const std::vector<StepMemory> steps = measure_batches(model, optimizer, batches, device);
-  bool grows = true;
-  for (size_t i = 1; i < steps.size(); ++i) grows &= steps[i].peak > steps[i - 1].peak;
+  bool grows = true;  // each batch's peak above the one before it
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (steps[i].peak <= steps[i - 1].peak) grows = false;
+  }
   verdict.check(grows, "peak memory of a step grows with the batch size",
                 mib(steps.front().peak) + " at " + std::to_string(steps.front().batch) + " to " +
                     mib(steps.back().peak) + " at " + std::to_string(steps.back().batch));
@@ -392,7 +365,7 @@ int main(int argc, char** argv) try {
 
   // ---- what nvidia-smi shows ------------------------------------------------------------------
   if (watch) watch_training(model, optimizer, attempts.back().batch, device);
-  show_smi_view(device);
+  show_smi_view(device, read_memory(device));  // nvidia-smi's view beside this allocator's
   return verdict.finish("lesson 07 on " + device.str());
 } catch (...) {
   return course::report_error();  // the error without LibTorch's backtrace, a HINT, exit 2 or 1

@@ -1,12 +1,13 @@
-// smi_view.cpp: smi_view. NVML's few functions used here are declared by hand, with the layouts of
-// NVML's own header (nvml.h, which neither Debian's CUDA packages nor the wheels ship), and looked
-// up with dlsym in libnvidia-ml.so.1, the driver's copy.
+// smi_view.cpp: smi_view, SmiWatch, show_smi_view and mem_get_info. NVML's few functions used here
+// are declared by hand, with the layouts of NVML's own header (nvml.h, which neither Debian's CUDA
+// packages nor the wheels ship), and looked up with dlsym in libnvidia-ml.so.1, the driver's copy.
 #include "smi_view.h"
 
 #include <dlfcn.h>
 #include <unistd.h>  // defines: getpid
 
 #include <cstdio>
+#include <iostream>
 #include <string>
 
 #ifdef GPU_LESSONS_WITH_CUDA
@@ -15,7 +16,7 @@
 #include <cuda_runtime_api.h>    // defines: cudaMemGetInfo
 #endif
 
-#include "common/device.h"  // defines: list_gpus, cuda_device_count, why_no_cuda
+#include "common/device.h"  // defines: list_gpus, cuda_device_count, why_no_cuda, format_bytes
 
 namespace lesson07 {
 namespace {
@@ -225,5 +226,46 @@ MemGetInfo mem_get_info(const c10::Device& device) {
   (void)device;
   return memory;
 }
+
+//! [smi-view]
+void show_smi_view(const c10::Device& device, const course::MemoryStats& mine) {
+  const auto mib = [](std::int64_t bytes) {
+    return course::format_bytes(static_cast<double>(bytes));
+  };
+  if (!device.is_cuda()) {
+    std::cout << "\nnvidia-smi's view against the allocator's (skipped: needs CUDA)\n";
+    return;
+  }
+  const SmiView smi = smi_view(device);  // what nvidia-smi reads: NVML
+  if (!smi.available) {  // without NVML: the driver's total and free, and no process list
+    const MemGetInfo dm = mem_get_info(device);
+    std::cout << "\nnvidia-smi's process list (skipped: " << smi.why_not << ")\n";
+    std::cout << "The driver: " << mib(dm.total - dm.free) << " used of " << mib(dm.total) << "\n";
+    std::cout << "This process's allocator: " << mib(mine.reserved) << " reserved, "
+              << mib(mine.allocated) << " allocated\n";
+    return;
+  }
+  std::cout << "\nWhat nvidia-smi shows for " << device << ": " << mib(smi.used) << " used of "
+            << mib(smi.total) << ", by " << smi.processes.size() << " process(es):\n";
+  const GpuProcess* self = nullptr;  // this process in the list, if NVML lists it
+  for (const GpuProcess& p : smi.processes) {
+    const bool me = p.pid == static_cast<unsigned>(getpid());
+    if (me) self = &p;
+    std::cout << "  pid " << p.pid << "  " << (p.bytes < 0 ? "(not reported)" : mib(p.bytes))
+              << "  " << p.name << (me ? "  <- this process" : "") << "\n";
+  }
+  std::cout << "This process's allocator: " << mib(mine.reserved) << " reserved, "
+            << mib(mine.allocated) << " allocated\n";
+  if (self != nullptr && self->bytes >= 0) {
+    std::cout << "  nvidia-smi counts " << mib(self->bytes - mine.reserved)
+              << " more for this process: its CUDA context (the kernels' code, the runtime's and "
+                 "the libraries' own memory). The rest of 'used' belongs to the other processes "
+                 "and the driver.\n";
+  } else {
+    std::cout << "  this process is not in the list with its memory: in a container NVML names "
+                 "processes by the host's process IDs, or the driver keeps the figure back\n";
+  }
+}
+//! [smi-view]
 
 }  // namespace lesson07

@@ -2,8 +2,10 @@
 // memory, and every process using the GPU with its memory), read from the NVIDIA management library
 // (NVML, the library nvidia-smi itself reads). NVML comes with the NVIDIA driver, not with CUDA's
 // toolkit or LibTorch, so it is loaded at run time: a program that uses it still starts and runs
-// on a machine without the driver, and smi_view then says why it has nothing to show. Beside it,
-// mem_get_info: the driver's free and total memory through the CUDA runtime.
+// on a machine without the driver, and smi_view then says why it has nothing to show. Beside it:
+// show_smi_view, which prints that view beside the lesson's allocator; SmiWatch, the view printed
+// once a second (--watch); and mem_get_info, the driver's free and total memory through the CUDA
+// runtime.
 #pragma once
 
 #include <c10/core/Device.h>  // defines: c10::Device
@@ -16,6 +18,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "memory/memory.h"  // defines: MemoryStats
 
 namespace lesson07 {
 
@@ -46,6 +50,11 @@ struct MemGetInfo {
   std::int64_t total = 0;
 };
 MemGetInfo mem_get_info(const c10::Device& device);
+
+/// Prints nvidia-smi's view of `device` (used, total, each process) beside `mine`, this process's
+/// allocator (read by the lesson), and what the difference is; without NVML, the driver's used
+/// and total memory instead; on the CPU, that it is skipped.
+void show_smi_view(const c10::Device& device, const course::MemoryStats& mine);
 
 /// `watch -n 1 nvidia-smi` inside the program: while it lives, a thread writes one line of
 /// smi_view(device) to `out` every `period` (the driver's used and total memory, and this

@@ -37,6 +37,8 @@ class GradScaler {
  public:
   /// torch.amp.GradScaler(device.type, ...): the scale lives on `device`, with the gradients.
   explicit GradScaler(const c10::Device& device, GradScalerOptions options = {});
+  /// torch.amp.GradScaler(device.type, enabled=enabled), the other arguments Python's defaults.
+  GradScaler(const c10::Device& device, bool enabled);
 
   /// loss * scale (the loss itself when disabled).
   at::Tensor scale(const at::Tensor& loss) const;

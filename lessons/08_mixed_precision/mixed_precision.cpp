@@ -12,7 +12,7 @@
 //   - fp16 (CUDA's) has a narrow range: the scaler multiplies the loss so that small gradients
 //     survive, divides them back, skips steps that overflowed and adapts its factor. bf16 (the
 //     CPU's) has fp32's range: there the scaler is built disabled, as GradScaler(enabled=False);
-//   - a GPU's tensor cores can run 16-bit matmuls faster; whether this small model gains, measured.
+//   - a GPU's tensor cores run 16-bit matmuls faster; whether this small model gains is measured.
 // LibTorch has neither torch.autocast nor GradScaler: autocast.h and grad_scaler.h (this folder)
 // are thin C++ versions of Python's, and their headers name every LibTorch call they make.
 //
@@ -36,6 +36,7 @@
 #include "autocast.h"        // defines: Autocast (`with torch.autocast(...)`), autocast_enabled
 #include "common/cli.h"      // defines: Cli, start_lesson (--device, the device line)
 #include "common/dataset.h"  // defines: FashionMNIST (torchvision's datasets.FashionMNIST)
+#include "common/report.h"   // defines: format
 #include "common/timing.h"   // defines: Stopwatch, time_median, per_piece, describe_ms
 #include "common/verdict.h"  // defines: Verdict, report_error
 #include "grad_scaler.h"     // defines: GradScaler (torch.amp.GradScaler)
@@ -56,13 +57,11 @@ constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.
 constexpr double kAccuracyMargin = 0.01;  // the AMP loop's test accuracy within 1 point of fp32's
 //! [margin]
 constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
-// Timing: one step on one batch already on the device, at the training batch and at a large one
-// where the matmuls dominate; the median of kTimedRuns runs of as many steps as fill about
-// kTimedRunSeconds (at most kMaxTimedSteps).
-constexpr std::int64_t kLargeBatch = 4096;
-constexpr int kTimedRuns = 5;
-constexpr double kTimedRunSeconds = 0.2;
-constexpr int kMaxTimedSteps = 50;
+// Timing: one step on one batch already on the device, at the training batch and at a large one.
+constexpr std::int64_t kLargeBatch = 4096;  // where the matmuls dominate a step
+constexpr int kTimedRuns = 5;               // the median of this many runs, each of
+constexpr double kTimedRunSeconds = 0.2;    // as many steps as fill about this long,
+constexpr int kMaxTimedSteps = 50;          // and at most this many
 
 // ---- 1. The tutorial's AMP loop --------------------------------------------------------------
 //! [amp-loop]
@@ -143,7 +142,8 @@ double evaluate(ANN& model, TestLoader& test_loader, const torch::Device& device
   model->eval();
   torch::NoGradGuard no_grad;
   Autocast autocast(device.type(), dtype, /*enabled=*/use_amp);
-  std::int64_t correct = 0, total = 0;
+  std::int64_t correct = 0;  // correct = 0
+  std::int64_t total = 0;    // total = 0
   for (auto& [features, labels] : test_loader) {
     features = features.to(device);
     labels = labels.to(device);
@@ -176,17 +176,16 @@ double run_program(const course::FashionMNIST& train_ds, const course::FashionMN
   torch::nn::CrossEntropyLoss criterion;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
   // scaler = torch.amp.GradScaler(device.type, enabled=use_amp and dtype == torch.float16)
-  GradScalerOptions scaler_options;
-  scaler_options.enabled = use_amp && dtype == torch::kHalf;
-  GradScaler scaler(device, scaler_options);
+  GradScaler scaler(device, /*enabled=*/use_amp && dtype == torch::kHalf);
 
   for (int epoch = 0; epoch < epochs; ++epoch) {
     const torch::Tensor loss =
         train_epoch(model, *train_loader, criterion, optimizer, scaler, device, dtype, use_amp);
     std::printf("  Epoch %d, Loss: %.4f\n", epoch + 1, loss.item<double>());
   }
-  if (scaler.is_enabled())
+  if (scaler.is_enabled()) {
     std::printf("  GradScaler's scale at the end: %.0f\n", scaler.get_scale());
+  }
   return evaluate(model, *test_loader, device, dtype, use_amp);
 }
 //! [program]
@@ -233,7 +232,9 @@ void check_policy(const torch::Device& device, course::Verdict& verdict) {
   std::vector<torch::ScalarType> dtypes = {kCpuDtype};
   if (device.is_cuda()) dtypes = {torch::kHalf, torch::kBFloat16};
   for (const torch::ScalarType dtype : dtypes) {
-    bool low_matmul = true, fp32_loss = false, fp32_grad = false;
+    bool low_matmul = true;  // linear and matmul in the 16-bit type
+    bool fp32_loss = false;  // cross-entropy in fp32
+    bool fp32_grad = false;  // the weight gradient in fp32
     std::cout << "  " << dtype << ":";
     for (const OpDtype& row : op_dtypes(device, dtype)) {
       std::cout << " " << row.op << "=" << row.dtype << ";";
@@ -315,9 +316,7 @@ course::Timing time_step(std::int64_t batch, const torch::Device& device, torch:
   model->to(device);
   torch::nn::CrossEntropyLoss criterion;
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(kLearningRate));
-  GradScalerOptions scaler_options;
-  scaler_options.enabled = use_amp && dtype == torch::kHalf;
-  GradScaler scaler(device, scaler_options);
+  GradScaler scaler(device, /*enabled=*/use_amp && dtype == torch::kHalf);  // as run_program's
   const auto on = torch::TensorOptions().device(device);
   const torch::data::Example<> one{torch::rand({batch, 1, 28, 28}, on),
                                    torch::randint(10, {batch}, on.dtype(torch::kLong))};
@@ -326,7 +325,8 @@ course::Timing time_step(std::int64_t batch, const torch::Device& device, torch:
   course::Stopwatch watch(device);
   train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp);
   const double step_s = watch.seconds() / 2;
-  batches.assign(std::clamp(static_cast<int>(kTimedRunSeconds / step_s), 1, kMaxTimedSteps), one);
+  const int steps = std::clamp(static_cast<int>(kTimedRunSeconds / step_s), 1, kMaxTimedSteps);
+  batches.assign(steps, one);  // a timed run: `steps` steps
   const course::Timing t = course::time_median(
       [&] { train_epoch(model, batches, criterion, optimizer, scaler, device, dtype, use_amp); },
       device, /*warmup=*/0, kTimedRuns);
@@ -363,7 +363,8 @@ int main(int argc, char** argv) try {
   cli.add_data_dir();
   cli.add_option("--epochs", epochs, "epochs per precision (0 = 2, or 1 with --quick)", 0, 1000);
   if (auto code = cli.parse(argc, argv)) return *code;
-  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
+  // The tutorials' device line:
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
   device = course::start_lesson(options, device);  // --device may override it; printed first
   const torch::ScalarType dtype = device.is_cuda() ? kCudaDtype : kCpuDtype;
   course::Verdict verdict;
@@ -377,19 +378,19 @@ int main(int argc, char** argv) try {
                                       options.quick ? kQuickSamples : -1);
   const course::FashionMNIST test_ds(options.data_dir, /*train=*/false);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
-  std::printf("\nFashion-MNIST: %lld training images, batch %lld, %d epoch(s)\nfp32:\n",
+  std::printf("\nFashion-MNIST: %lld training images, batch %lld, %d epoch(s)\n",
               static_cast<long long>(*train_ds.size()), static_cast<long long>(kBatchSize), epochs);
+  std::printf("fp32:\n");
   const double fp32 =
       run_program(train_ds, test_ds, epochs, device, dtype, /*use_amp=*/false, options.seed);
-  std::printf("  Test Accuracy: %.4f\nautocast %s:\n", fp32, c10::toString(dtype));
+  std::printf("  Test Accuracy: %.4f\n", fp32);
+  std::printf("autocast %s:\n", c10::toString(dtype));
   const double mixed =
       run_program(train_ds, test_ds, epochs, device, dtype, /*use_amp=*/true, options.seed);
   std::printf("  Test Accuracy: %.4f (%+.4f)\n", mixed, mixed - fp32);
-  char evidence[64];
-  std::snprintf(evidence, sizeof evidence, "%.4f vs %.4f, margin %.2f", mixed, fp32,
-                kAccuracyMargin);
   verdict.check(mixed >= fp32 - kAccuracyMargin,
-                "the AMP loop's test accuracy is within the margin of fp32's", evidence);
+                "the AMP loop's test accuracy is within the margin of fp32's",
+                course::format("%.4f vs %.4f, margin %.2f", mixed, fp32, kAccuracyMargin));
 
   print_timings(device, dtype);
   return verdict.finish("lesson 08 on " + device.str());
