@@ -21,6 +21,34 @@ course::ImageSet random_images(std::int64_t n) {
   return data;
 }
 
+// A dataset whose first pixel holds the sample's index and whose label is that index mod 10, so a
+// batch says which samples it holds and whether each label came with its image.
+course::ImageSet numbered(std::int64_t n) {
+  course::ImageSet data = random_images(n);
+  data.images.select(2, 0).select(1, 0).copy_(torch::arange(n, torch::kFloat));
+  return data;
+}
+
+// The sample indices one epoch of `batches` yields, in order; each label checked against its image.
+std::vector<std::int64_t> one_epoch(lesson12::ResidentBatches& batches) {
+  std::vector<std::int64_t> seen;
+  lesson12::Batch batch;
+  batches.start_epoch();
+  while (batches.next(batch)) {
+    EXPECT_LE(batch.labels.size(0), 64);
+    const torch::Tensor ids = batch.images.select(1, 0).to(torch::kCPU).to(torch::kLong);
+    EXPECT_TRUE(torch::equal(ids.remainder(10), batch.labels.to(torch::kCPU)));
+    for (std::int64_t i = 0; i < ids.size(0); ++i) seen.push_back(ids[i].item<std::int64_t>());
+  }
+  return seen;
+}
+
+// Every sample of 1000 exactly once.
+void expect_every_sample_once(const std::vector<std::int64_t>& seen) {
+  ASSERT_EQ(seen.size(), 1000u);
+  EXPECT_EQ(std::set<std::int64_t>(seen.begin(), seen.end()).size(), 1000u);
+}
+
 double mean_loss(course::ANN& model, const course::ImageSet& data) {
   torch::NoGradGuard no_grad;
   model->eval();
@@ -32,27 +60,16 @@ double mean_loss(course::ANN& model, const course::ImageSet& data) {
 
 }  // namespace
 
-// Tests that the resident batches hold every sample once per epoch, in an order drawn anew each
-// epoch, the last batch shorter.
+// Tests that the resident batches hold every sample once per epoch, each label with its image, in
+// an order drawn anew each epoch, the last batch shorter.
 TEST(ResidentBatches, EverySampleOncePerEpochReshuffled) {
-  course::ImageSet data = random_images(1000);
-  data.images.select(2, 0).select(1, 0).copy_(torch::arange(1000, torch::kFloat));  // its index
+  const course::ImageSet data = numbered(1000);
   torch::manual_seed(1);
   lesson12::ResidentBatches batches(data, 64, torch::kCPU);
-  const auto epoch = [&] {
-    std::vector<std::int64_t> seen;
-    lesson12::Batch batch;
-    batches.start_epoch();
-    while (batches.next(batch)) {
-      EXPECT_LE(batch.labels.size(0), 64);
-      const torch::Tensor ids = batch.images.select(1, 0).to(torch::kLong);
-      for (std::int64_t i = 0; i < ids.size(0); ++i) seen.push_back(ids[i].item<std::int64_t>());
-    }
-    return seen;
-  };
-  const auto first = epoch(), second = epoch();
-  ASSERT_EQ(first.size(), 1000u);
-  EXPECT_EQ(std::set<std::int64_t>(first.begin(), first.end()).size(), 1000u);
+  const auto first = one_epoch(batches);
+  const auto second = one_epoch(batches);
+  expect_every_sample_once(first);
+  expect_every_sample_once(second);
   EXPECT_NE(first, second) << "each epoch must be shuffled anew";
 }
 
@@ -225,6 +242,11 @@ TEST_F(FashionMnistTest, DefaultRunReachesAccuracyBar) {
 
 // Tests the flat and manual forms on the GPU: they train (the loss falls) on the device's batches.
 TEST_F(CudaTest, FlatAndManualTrainOnGpu) {
+  {  // the batches on the GPU: every sample once per epoch, each label with its image
+    lesson12::ResidentBatches batches(numbered(1000), 64, device);
+    expect_every_sample_once(one_epoch(batches));
+    expect_every_sample_once(one_epoch(batches));
+  }
   const course::ImageSet data = random_images(2000);
   for (const std::string run : {"flat", "manual"}) {
     lesson12::FlatTrainer trainer = lesson12::make_flat_trainer(device, lesson12::kSeed);

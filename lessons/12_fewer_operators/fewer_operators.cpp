@@ -15,9 +15,10 @@
 //
 // Run:    build/bin/lesson12_fewer_operators [--device ...] [--epochs N] [--quick]
 //           [--run all|resident|flat|manual] [--batch-size N] [--data-dir DIR]
-// Checks: each run's test accuracy >= kAccuracyBar (kQuickAccuracyBar for shorter runs); flat's
-//         epoch losses equal resident's (kFlatTolerance); manual's gradients for one step equal
-//         flat's (fp32's tolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
+// Checks: each form's step dispatches fewer operators than the form's before it; each run's test
+//         accuracy >= kAccuracyBar (kQuickAccuracyBar for shorter runs); flat's epoch losses equal
+//         resident's (kFlatTolerance); manual's gradients for one step equal flat's (fp32's
+//         tolerance). Exit 0 PASS, 1 FAIL, 2 bad flag or missing data, 130 Ctrl-C.
 #include <torch/torch.h>  // defines: torch::nn, torch::optim, torch::mm_out, torch::index_select_out
 
 #include <cstdio>
@@ -335,6 +336,10 @@ void compare_runs(const std::vector<std::string>& runs, const course::ImageSet& 
       "ATen operators per step: %lld with Adam over %zu parameter tensors, %lld flat, "
       "%lld manual (a step after the first)\n",
       ops.tutorial, ops.tensors, ops.flat, ops.manual);
+
+  verdict.check(ops.flat < ops.tutorial && ops.manual < ops.flat,
+                "each form dispatches fewer operators per step than the form before it",
+                course::format("%lld, %lld, %lld", ops.tutorial, ops.flat, ops.manual));
 
   const auto ran = [&](const std::string& run) { return results.count(run) != 0; };
   if (ran("flat") && ran("resident")) {  // the same model, data and batches; Adam's bookkeeping

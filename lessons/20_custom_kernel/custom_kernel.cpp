@@ -396,7 +396,7 @@ void run_lesson(const course::ImageSet& train, const course::ImageSet& test, int
     print_gpu_floors([&] { epoch_of(data, device, with_op); }, device, steps, kSyncsTimed);
     std::printf(
         "  the epoch: %.1f ms; the course's goal, about 10 us a step: %.0f ms; lesson "
-        "17's, which its graphed epoch missed on an H200: %.0f ms\n",
+        "18's, which its graphed epoch missed on an H200: %.0f ms\n",
         op_timing.median_s * 1e3, kGoalEpochMs, kLesson18GoalMs);
   }
   verdict.check(accuracy >= bar, "operator run: test accuracy reaches the bar",
