@@ -27,7 +27,6 @@
 #include "common/cli.h"        // defines: Cli, start_lesson
 #include "common/compare.h"    // defines: tolerance_for
 #include "common/data.h"       // defines: ImageSet, load_fashion_mnist_splits
-#include "common/device.h"     // defines: why_no_cuda
 #include "common/interrupt.h"  // defines: stop_requested (Ctrl-C)
 #include "common/report.h"     // defines: EpochStats, run_epochs, print_timed_runs
 #include "common/timing.h"     // defines: Stopwatch
@@ -227,11 +226,12 @@ torch::Tensor tutorial_step(Trainer& trainer, const Batch& batch) {
   return loss.detach();
 }
 
-// One epoch: `step` trains on each batch and returns its loss. The tutorial's total_loss +=
-// loss.item() waits for the GPU at every step: the sum stays on the device instead (in double,
-// as Python's float), read once at the end. The resident loader reuses `batch`'s tensors.
-template <typename Step>
-EpochStats run_epoch(Loader& loader, const torch::Device& device, Step&& step) {
+// One epoch of the tutorial's step, fed by this lesson's loader: the "pinned" and "resident" runs.
+// The tutorial's total_loss += loss.item() waits for the GPU at every step: the sum stays on the
+// device instead (in double, as Python's float), read once at the end. The resident loader reuses
+// `batch`'s tensors.
+EpochStats train_epoch_loaded(Trainer& trainer, Loader& loader, const torch::Device& device) {
+  trainer.model->train();  // model.train()
   Batch batch;
   course::Stopwatch watch(device);
   ProgressLine line(loader.size());  // every 100 steps, on a terminal
@@ -240,7 +240,7 @@ EpochStats run_epoch(Loader& loader, const torch::Device& device, Step&& step) {
   loader.start_epoch();
   while (loader.next(batch)) {  // each batch on the device
     // >>> lab: add the step's loss to loss_sum, on the device: no .item() in the loop
-    loss_sum += step(batch);
+    loss_sum += tutorial_step(trainer, batch);
     // <<< lab
     ++steps;
     seen += batch.labels.size(0);
@@ -249,12 +249,6 @@ EpochStats run_epoch(Loader& loader, const torch::Device& device, Step&& step) {
   }
   const double total_loss = loss_sum.item<double>();  // the one wait for the GPU, per epoch
   return {total_loss / static_cast<double>(steps), watch.seconds(), seen, seen < loader.size()};
-}
-
-// The tutorial's step, fed by this lesson's loader: the "pinned" and "resident" runs.
-EpochStats train_epoch_loaded(Trainer& trainer, Loader& loader, const torch::Device& device) {
-  trainer.model->train();  // model.train()
-  return run_epoch(loader, device, [&](const Batch& b) { return tutorial_step(trainer, b); });
 }
 //! [epoch]
 
