@@ -31,12 +31,9 @@ GradScaler::GradScaler(const c10::Device& device, GradScalerOptions options)
   found_inf_ = at::zeros({}, on.dtype(at::kFloat));
 }
 
-GradScaler::GradScaler(const c10::Device& device, bool enabled)
-    : GradScaler(device, [enabled] {
-        GradScalerOptions options;  // Python's defaults,
-        options.enabled = enabled;  // and enabled as asked
-        return options;
-      }()) {}
+GradScaler::GradScaler(const c10::Device& device, bool enabled) : GradScaler(device) {
+  options_.enabled = enabled;  // Python's defaults otherwise
+}
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) const {
   if (!options_.enabled) return loss;
