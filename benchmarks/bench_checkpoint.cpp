@@ -1,6 +1,6 @@
 // bench_checkpoint: the costs of checkpoints. Saving and loading a model of a few hundred MB, from
 // and to the CPU and the GPU (lesson 13's atomic save with fsync against lesson 10's in-place
-// save_to(path)), and lesson 14's activation checkpointing: step time and peak memory against the
+// save_to(path)), and lesson 16's activation checkpointing: step time and peak memory against the
 // plain step. GPU timings synchronize before reading the clock; files go to $TMPDIR (default
 // /tmp), so disk speed is part of a save.
 //
@@ -12,7 +12,7 @@
 
 #include "bench.h"
 #include "memory/memory.h"
-// Lessons 13 and 14 are one file each with its own main(); the benchmark includes them for their
+// Lessons 13 and 16 are one file each with its own main(); the benchmark includes them for their
 // functions.
 #define GPU_LESSONS_NO_MAIN
 #include "activation_checkpointing.cpp"
@@ -101,11 +101,11 @@ void activation(benchmark::State& state, const torch::Device& device) {
   const bool checkpointed = state.range(0) != 0;
   const int depth = static_cast<int>(state.range(1));
   const std::int64_t batch = state.range(2);
-  torch::manual_seed(lesson14::kSeed);
-  lesson14::DeepMlp model(depth, lesson14::kDeepWidth);
-  const lesson14::StepCost cost = lesson14::measure_step(model, batch, checkpointed, device);
+  torch::manual_seed(lesson16::kSeed);
+  lesson16::DeepMlp model(depth, lesson16::kDeepWidth);
+  const lesson16::StepCost cost = lesson16::measure_step(model, batch, checkpointed, device);
   const auto options = torch::TensorOptions().device(device);
-  const torch::Tensor x = torch::randn({batch, lesson14::kDeepWidth}, options);
+  const torch::Tensor x = torch::randn({batch, lesson16::kDeepWidth}, options);
   const torch::Tensor y = torch::randint(0, 10, {batch}, options.dtype(torch::kLong));
   bench::run_timed(state, device, [&] {
     for (auto& p : model->parameters()) p.mutable_grad().zero_();

@@ -1,6 +1,6 @@
 // sampler.h defines: epoch_order() and shard_indices(), what PyTorch's DistributedSampler (with
 // set_epoch) does for a data-parallel job: every rank draws the same shuffled order of an epoch and
-// takes its own disjoint part of each global step. Lessons 09 and 15 call them; LibTorch's own
+// takes its own disjoint part of each global step. Lessons 09 and 17 call them; LibTorch's own
 // DistributedRandomSampler pads and splits the epoch otherwise (see lesson 09's page).
 #pragma once
 

@@ -14,7 +14,7 @@
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2; else, on a machine
 #           with an NVIDIA GPU, 2.11 (scripts/flavour.sh says why, first); else debian.
 # Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
-# Gloo's headers, matplotlib (the benchmark charts and lesson 17's timeline pictures).
+# Gloo's headers, matplotlib (the benchmark charts and lesson 19's timeline pictures).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"
@@ -32,7 +32,7 @@ if [ "$flavour" = auto ]; then
   fi
 fi
 
-# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09 and 15, CPU ranks);
+# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09 and 17, CPU ranks);
 # neither LibTorch flavour ships them.
 # clang-format: Debian 12's is version 14, the one scripts/check-format (the suite's style check) uses.
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen

@@ -3,7 +3,7 @@
 // TCPStore or a HashStore), training ranks that end equal, and NCCL on a GPU. The sharding of an
 // epoch across ranks (distributed/sampler.h) is tested in tests/distributed/test_sampler.cpp. The
 // two-process jobs (a rank killed, a rank missing) run the program itself (tests/test_programs.cpp,
-// Jobs); lesson 15 tests what happens when ranks fail.
+// Jobs); lesson 17 tests what happens when ranks fail.
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

@@ -1,128 +1,97 @@
-// Tests of lesson 16: DeviceAdam against LibTorch's Adam, and the graphed step against the eager
-// step (on a GPU), with the lesson's own functions and constants.
+// Tests of lesson 16, activation checkpointing: the same loss and gradients as the plain model,
+// the RNG replayed for dropout, parameters reached without an input that requires grad, a lower
+// peak memory, and the same on a real GPU.
 #include <gtest/gtest.h>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "common/compare.h"
-#include "cuda_graphs.cpp"
+#include "activation_checkpointing.cpp"
 #include "cuda_test.h"
-#include "fashion_mnist_test.h"
+#include "memory/memory.h"
 
 namespace {
 
-// DeviceAdam and torch::optim::Adam fed the same gradients for `steps` steps, on `device`: the
-// largest difference between their parameters. The gradients come from no model: a tenth of them
-// exactly zero, the others of every size, independent of the parameters, so that any difference
-// comes from the two optimizers, not from training feeding it back.
-double device_adam_against_libtorch(const torch::Device& device, int steps) {
-  torch::manual_seed(21);
-  const auto on = torch::TensorOptions().device(device);
-  const torch::Tensor start = torch::randn({4096}, on) * 0.1;
-  torch::Tensor mine = start.clone().requires_grad_(), theirs = start.clone().requires_grad_();
-  lesson16::DeviceAdam device_adam({mine}, lesson16::kLearningRate);
-  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson16::kLearningRate));
-  for (int step = 0; step < steps; ++step) {
-    const torch::Tensor g = torch::randn({4096}, on) *
-                            torch::pow(10.0, torch::randint(-6, 1, {4096}, on)) *
-                            (torch::rand({4096}, on) > 0.1);
-    mine.mutable_grad() = g.clone();
-    theirs.mutable_grad() = g.clone();
-    device_adam.step();
-    adam.step();
+const torch::Device kCpu(torch::kCPU);
+
+// Tests that checkpointed segments give the loss and gradients of the plain model, with dropout
+// on, in fp32 and fp64, including the first segment whose input requires no grad.
+TEST(ActivationCheckpointing, SameLossAndGradients) {
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    torch::manual_seed(1);
+    lesson16::DeepMlp model(/*depth=*/3 * lesson16::kSegment, /*width=*/64);
+    model->to(dtype);
+    const torch::Tensor x = torch::randn({32, 64}, dtype);
+    const torch::Tensor y = torch::randint(0, 10, {32});
+    ASSERT_FALSE(x.requires_grad());
+    const auto plain = lesson16::step_gradients(model, x, y, false, 5);
+    const auto kept = lesson16::step_gradients(model, x, y, true, 5);
+    const double tolerance = course::tolerance_for(dtype);
+    EXPECT_LE((plain.loss - kept.loss).abs().item<double>(), tolerance);
+    EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), tolerance);
+    // The first segment's weight: nothing upstream requires grad, yet it has its gradient.
+    const torch::Tensor first = model->segments[0]->parameters()[0];
+    ASSERT_TRUE(first.grad().defined());
+    EXPECT_GT(first.grad().abs().sum().item<double>(), 0.0);
   }
-  const auto& state =
-      static_cast<const torch::optim::AdamParamState&>(*adam.state().begin()->second);
-  EXPECT_EQ(state.step(), steps);
-  EXPECT_EQ(device_adam.steps().item<double>(), steps);
-  return course::max_abs_diff(mine, theirs);
 }
 
-// `steps` batches of random images and labels, on `device`.
-lesson16::Batches random_batches(std::int64_t steps, const torch::Device& device) {
+// Tests that the input's gradient is returned when the input requires grad.
+TEST(ActivationCheckpointing, InputGradient) {
   torch::manual_seed(2);
-  const auto on = torch::TensorOptions().device(device);
-  return {torch::rand({steps * lesson16::kBatchSize, 784}, on),
-          torch::randint(10, {steps * lesson16::kBatchSize}, on.dtype(torch::kLong))};
+  lesson16::DeepMlp model(lesson16::kSegment, 32);
+  model->eval();  // no dropout: the two forwards below draw no random numbers
+  const torch::Tensor x0 = torch::randn({8, 32});
+  torch::Tensor a = x0.clone().requires_grad_(true), b = x0.clone().requires_grad_(true);
+  model->forward(a, false).sum().backward();
+  model->forward(b, true).sum().backward();
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_LE((a.grad() - b.grad()).abs().max().item<double>(), 1e-5);
+}
+
+// Tests that replaying the RNG is what makes dropout match, and that backward leaves the
+// generator where forward left it (the recomputation draws from a restored copy).
+TEST(ActivationCheckpointing, RngReplay) {
+  torch::manual_seed(3);
+  lesson16::DeepMlp model(2 * lesson16::kSegment, 64);
+  const torch::Tensor x = torch::randn({32, 64});
+  const torch::Tensor y = torch::randint(0, 10, {32});
+  const auto plain = lesson16::step_gradients(model, x, y, false, 9);
+  const auto no_replay = lesson16::step_gradients(model, x, y, true, 9, /*preserve_rng=*/false);
+  EXPECT_GT(course::max_abs_diff(plain.gradients, no_replay.gradients), 1e-4);
+
+  model->train();
+  torch::manual_seed(4);
+  torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x, true), y);
+  const torch::Tensor after_forward = torch::rand({4});
+  torch::manual_seed(4);
+  loss = torch::nn::functional::cross_entropy(model->forward(x, true), y);
+  loss.backward();
+  EXPECT_TRUE(torch::equal(torch::rand({4}), after_forward));
+}
+
+// Tests that checkpointing lowers a step's peak CPU memory on a model deep enough to matter.
+TEST(ActivationCheckpointing, LowersPeakMemory) {
+  course::install_counting_cpu_allocator();
+  torch::manual_seed(5);
+  lesson16::DeepMlp model(16, 256);
+  const lesson16::StepCost plain = lesson16::measure_step(model, 512, false, kCpu);
+  const lesson16::StepCost kept = lesson16::measure_step(model, 512, true, kCpu);
+  EXPECT_GT(plain.peak_bytes, 0);
+  EXPECT_LT(kept.peak_bytes, plain.peak_bytes * 6 / 10)
+      << kept.peak_bytes << " vs " << plain.peak_bytes;
+}
+
+// Tests the same gradients on CUDA, where the CUDA generator is replayed.
+TEST_F(CudaTest, ActivationCheckpointingSameGradients) {
+  torch::manual_seed(6);
+  lesson16::DeepMlp model(2 * lesson16::kSegment, 128);
+  model->to(device);
+  const torch::Tensor x = torch::randn({64, 128}, device);
+  const auto labels = torch::TensorOptions(device).dtype(torch::kLong);  // a device alone: floats
+  const torch::Tensor y = torch::randint(0, 10, {64}, labels);
+  const auto plain = lesson16::step_gradients(model, x, y, false, 7);
+  const auto kept = lesson16::step_gradients(model, x, y, true, 7);
+  EXPECT_LE(course::max_abs_diff(plain.gradients, kept.gradients), 1e-5);
 }
 
 }  // namespace
-
-// Tests that Adam with its step count and bias corrections on the device takes the same 1,000
-// steps as LibTorch's Adam: parameters within 1e-6 (they move by up to 1 in all; each step may
-// round its last bit differently, since the device version folds lr / bias1 into the divisor).
-TEST(DeviceAdam, SameStepsAsLibTorchsAdamOnCpu) {
-  EXPECT_LE(device_adam_against_libtorch(torch::kCPU, 1000), 1e-6);
-}
-
-// Tests that DeviceAdam's zero_grad() zeroes each gradient where it lies (the addresses a graph
-// reads), where LibTorch 2.x's optimizer.zero_grad() would set it to none.
-TEST(DeviceAdam, ZeroGradKeepsEachGradientInPlace) {
-  course::ANN model;
-  lesson16::DeviceAdam adam(model->parameters(), lesson16::kLearningRate);
-  model->forward(torch::rand({4, 784})).sum().backward();
-  std::vector<const void*> before;
-  for (const auto& p : model->parameters()) before.push_back(p.grad().data_ptr());
-  adam.zero_grad();
-  const auto params = model->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    ASSERT_TRUE(params[i].grad().defined());
-    EXPECT_EQ(params[i].grad().data_ptr(), before[i]);
-    EXPECT_EQ(params[i].grad().abs().sum().item<double>(), 0.0);
-  }
-}
-
-// Tests the lesson's first check on random batches: DeviceAdam trains as LibTorch's Adam, within
-// the lesson's tolerance.
-TEST(DeviceAdam, TrainsAsLibTorchsAdam) {
-  const lesson16::Batches batches = random_batches(20, torch::kCPU);
-  EXPECT_LE(lesson16::device_adam_vs_libtorch(batches, 60, torch::kCPU, lesson16::kSeed),
-            lesson16::kAdamTolerance);
-}
-
-// Tests that a CUDA graph needs a CUDA device: a clear error, not a crash.
-TEST(GraphedStep, NeedsCuda) {
-  course::ANN model;
-  lesson16::DeviceAdam adam(model->parameters(), lesson16::kLearningRate);
-  EXPECT_THROW(lesson16::GraphedStep(model, adam, 64, torch::kCPU), course::CourseError);
-}
-
-// Tests the lesson's run on the CPU with the real data: its checks pass, and the graph says it
-// was skipped rather than failing.
-TEST_F(FashionMnistTest, LessonPassesOnCpu) {
-  course::Verdict verdict;
-  lesson16::run_lesson(course::take(train(), 5000), lesson16::kQuickSteps, torch::kCPU,
-                       lesson16::kSeed, verdict);
-  EXPECT_TRUE(verdict.passed());
-  EXPECT_EQ(verdict.checks(), 1);  // DeviceAdam's; the graph's needs CUDA
-}
-
-// Tests DeviceAdam against LibTorch's Adam on the GPU too.
-TEST_F(CudaTest, DeviceAdamSameStepsAsLibTorchsAdam) {
-  EXPECT_LE(device_adam_against_libtorch(device, 1000), 1e-6);
-}
-
-// Tests the graphed step: captured after its warm-up, and its losses equal the eager step's on
-// the same batches over many steps (a host number frozen at capture would show within a few).
-TEST_F(CudaTest, GraphedStepEqualsEagerStep) {
-  const lesson16::Batches batches = random_batches(50, device);
-  EXPECT_LE(lesson16::graphed_vs_eager(batches, lesson16::kSteps, device, lesson16::kSeed),
-            lesson16::kGraphTolerance);
-}
-
-// Tests that replays train: the step count on the device counts every replay, and the loss falls.
-TEST_F(CudaTest, ReplaysCountAndTrain) {
-  const lesson16::Batches batches = random_batches(8, device);
-  course::ANN model;
-  model->to(device);
-  lesson16::DeviceAdam adam(model->parameters(), lesson16::kLearningRate);
-  lesson16::GraphedStep graph(model, adam, lesson16::kBatchSize, device);
-  graph.images.copy_(batches.images_of(0));
-  graph.labels.copy_(batches.labels_of(0));
-  graph.step();
-  const double first = graph.loss.item<double>();
-  for (int i = 1; i < 100; ++i) graph.step();
-  EXPECT_TRUE(graph.captured());
-  EXPECT_EQ(adam.steps().item<double>(), 100);
-  EXPECT_LT(graph.loss.item<double>(), first);
-}

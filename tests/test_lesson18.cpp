@@ -1,181 +1,128 @@
-// Tests of lesson 18: each faster form against the form before it, the shuffle on the device, the
-// fused step's operators, and the graphed epoch (on a GPU), with the lesson's own functions and
-// constants.
+// Tests of lesson 18: DeviceAdam against LibTorch's Adam, and the graphed step against the eager
+// step (on a GPU), with the lesson's own functions and constants.
 #include <gtest/gtest.h>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "common/compare.h"
+#include "cuda_graphs.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "fastest_epoch.cpp"
 
 namespace {
 
-// `samples` random images and labels, as a training split.
-course::ImageSet random_images(std::int64_t samples) {
-  torch::manual_seed(3);
-  return {torch::rand({samples, 28, 28}), torch::randint(10, {samples}, torch::kLong)};
+// DeviceAdam and torch::optim::Adam fed the same gradients for `steps` steps, on `device`: the
+// largest difference between their parameters. The gradients come from no model: a tenth of them
+// exactly zero, the others of every size, independent of the parameters, so that any difference
+// comes from the two optimizers, not from training feeding it back.
+double device_adam_against_libtorch(const torch::Device& device, int steps) {
+  torch::manual_seed(21);
+  const auto on = torch::TensorOptions().device(device);
+  const torch::Tensor start = torch::randn({4096}, on) * 0.1;
+  torch::Tensor mine = start.clone().requires_grad_(), theirs = start.clone().requires_grad_();
+  lesson18::DeviceAdam device_adam({mine}, lesson18::kLearningRate);
+  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson18::kLearningRate));
+  for (int step = 0; step < steps; ++step) {
+    const torch::Tensor g = torch::randn({4096}, on) *
+                            torch::pow(10.0, torch::randint(-6, 1, {4096}, on)) *
+                            (torch::rand({4096}, on) > 0.1);
+    mine.mutable_grad() = g.clone();
+    theirs.mutable_grad() = g.clone();
+    device_adam.step();
+    adam.step();
+  }
+  const auto& state =
+      static_cast<const torch::optim::AdamParamState&>(*adam.state().begin()->second);
+  EXPECT_EQ(state.step(), steps);
+  EXPECT_EQ(device_adam.steps().item<double>(), steps);
+  return course::max_abs_diff(mine, theirs);
 }
 
-// `steps` batches of `data` in one shuffled order, on the CPU.
-lesson18::EpochData shuffled_batches(const course::ImageSet& data, int steps) {
-  lesson18::DeviceShuffler shuffler(data, torch::kCPU);
-  lesson18::EpochData batches(steps * lesson18::kBatchSize, lesson18::kBatchSize, torch::kCPU);
-  shuffler.shuffle(batches);
-  return batches;
-}
-
-// `step` on each of `batches`; each step's loss.
-torch::Tensor train_steps(lesson18::EpochData& batches, const lesson18::Step& step) {
-  for (std::int64_t k = 0; k < batches.steps(); ++k)
-    step(batches.batch_images[k], batches.batch_labels[k], batches.loss_slots[k]);
-  return batches.losses.clone();
+// `steps` batches of random images and labels, on `device`.
+lesson18::Batches random_batches(std::int64_t steps, const torch::Device& device) {
+  torch::manual_seed(2);
+  const auto on = torch::TensorOptions().device(device);
+  return {torch::rand({steps * lesson18::kBatchSize, 784}, on),
+          torch::randint(10, {steps * lesson18::kBatchSize}, on.dtype(torch::kLong))};
 }
 
 }  // namespace
 
-// Tests that an epoch's batches are slices of 64 covering every sample once, the last one smaller,
-// each with a slot for its loss.
-TEST(EpochData, SlicesOfTheBatchSizeAndASmallerLastOne) {
-  lesson18::EpochData epoch(150, 64, torch::kCPU);
-  ASSERT_EQ(epoch.steps(), 3);
-  EXPECT_EQ(epoch.batch_images[0].size(0), 64);
-  EXPECT_EQ(epoch.batch_images[2].size(0), 22);
-  EXPECT_EQ(epoch.batch_labels[2].size(0), 22);
-  EXPECT_EQ(epoch.losses.size(0), 3);
-  // Views into the epoch's own tensors: a shuffle into them is what each step reads.
-  EXPECT_EQ(epoch.batch_images[1].data_ptr(), epoch.images[64].data_ptr());
-  EXPECT_EQ(epoch.loss_slots[2].data_ptr(), epoch.losses[2].data_ptr());
+// Tests that Adam with its step count and bias corrections on the device takes the same 1,000
+// steps as LibTorch's Adam: parameters within 1e-6 (they move by up to 1 in all; each step may
+// round its last bit differently, since the device version folds lr / bias1 into the divisor).
+TEST(DeviceAdam, SameStepsAsLibTorchsAdamOnCpu) {
+  EXPECT_LE(device_adam_against_libtorch(torch::kCPU, 1000), 1e-6);
 }
 
-// Tests that the shuffle draws as LibTorch's RandomSampler does (an order as it is made, another
-// per epoch, from the global generator), so that on the CPU the resident form sees lesson 05's
-// batches; and that it writes every sample once.
-TEST(DeviceShuffler, DrawsTheSamplersOrdersAndKeepsEverySample) {
-  const course::ImageSet data = random_images(200);
-  torch::manual_seed(11);
-  lesson18::DeviceShuffler shuffler(data, torch::kCPU);
-  lesson18::EpochData epoch(200, 64, torch::kCPU);
-  shuffler.shuffle(epoch);
-  torch::manual_seed(11);
-  torch::randperm(200, torch::kLong);  // the sampler's order as it is made
-  const torch::Tensor order = torch::randperm(200, torch::kLong);  // and the first epoch's
-  EXPECT_TRUE(torch::equal(epoch.labels, data.labels.index_select(0, order)));
-  EXPECT_TRUE(torch::equal(epoch.images, data.images.reshape({-1, 784}).index_select(0, order)));
-}
-
-// Tests that the fused step trains as the tutorial's step on the same batches, within the lesson's
-// tolerance.
-TEST(Forms, FusedTrainsAsTheTutorial) {
-  lesson18::EpochData batches = shuffled_batches(random_images(640), 10);
-  lesson18::Trainer tutorial = lesson18::make_trainer(torch::kCPU, lesson18::kSeed);
-  lesson18::FlatTrainer fused = lesson18::make_flat_trainer(torch::kCPU, lesson18::kSeed);
-  const torch::Tensor expected = train_steps(
-      batches, [&](auto& x, auto& y, auto l) { lesson18::tutorial_step(tutorial, x, y, l); });
-  const torch::Tensor by_fused =
-      train_steps(batches, [&](auto& x, auto& y, auto l) { lesson18::fused_step(fused, x, y, l); });
-  EXPECT_LE(lesson18::relative_difference(by_fused, expected), lesson18::kStepTolerance);
-}
-
-// Tests that the fused step computes autograd's loss and gradients, on a batch of another size too
-// (an epoch's last: buffers of its own). Gradients, not parameters: Adam's first step moves each
-// parameter by about lr whatever its gradient's size, so a gradient near zero rounded otherwise
-// may move its parameter otherwise.
-TEST(Forms, FusedStepGivesAutogradsGradientsOnASmallerBatch) {
-  lesson18::Trainer tutorial = lesson18::make_trainer(torch::kCPU, lesson18::kSeed);
-  lesson18::FlatTrainer fused = lesson18::make_flat_trainer(torch::kCPU, lesson18::kSeed);
-  const torch::Tensor x = torch::rand({22, 784}), y = torch::randint(10, {22}, torch::kLong);
-  torch::Tensor expected = torch::zeros({}), got = torch::zeros({});
-  lesson18::tutorial_step(tutorial, x, y, expected);
-  lesson18::fused_step(fused, x, y, got);
-  EXPECT_EQ(fused.buffers.count(22), 1u);
-  EXPECT_NEAR(got.item<double>(), expected.item<double>(), 1e-6);
-  std::vector<torch::Tensor> grads;  // autograd's, in the flat tensor's order (parameters())
-  for (const auto& p : tutorial.model->parameters()) grads.push_back(p.grad().flatten());
-  EXPECT_LE(course::max_abs_diff(fused.flat.gradients, torch::cat(grads)), 1e-6);
-}
-
-// Tests what the fused form is for: fewer operators per step than the tutorial's step (counted by
-// the lesson's own function).
-TEST(Forms, FusedStepDispatchesFewerOperators) {
-  const course::ImageSet data = random_images(128);
-  const long long tutorial = lesson18::operators_per_step("resident", data, torch::kCPU, 1);
-  const long long fused = lesson18::operators_per_step("fused", data, torch::kCPU, 1);
-  EXPECT_LT(fused, tutorial / 2);
-}
-
-// Tests that the fused form uses LibTorch's fused Adam where this LibTorch has it for the CPU
-// (2.4 and later), and that its step is LibTorch's Adam: 200 steps on gradients from no model.
-TEST(FusedAdam, SameStepsAsLibTorchsAdam) {
-  if (!lesson18::has_fused_adam(torch::kCPU)) GTEST_SKIP() << "this LibTorch has no CPU fused Adam";
-  lesson18::FlatTrainer fused = lesson18::make_flat_trainer(torch::kCPU, lesson18::kSeed);
-  torch::Tensor theirs = fused.flat.values.detach().clone().requires_grad_();
-  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson18::kLearningRate));
-  torch::manual_seed(4);
-  for (int i = 0; i < 200; ++i) {
-    const torch::Tensor g = torch::randn_like(theirs) * 0.1;
-    fused.flat.gradients.copy_(g);
-    theirs.mutable_grad() = g.clone();
-    fused.step.add_(1);
-    at::_fused_adam_({fused.flat.values}, {fused.flat.gradients}, {fused.exp_avg},
-                     {fused.exp_avg_sq}, {}, {fused.step}, lesson18::kLearningRate,
-                     lesson18::kBeta1, lesson18::kBeta2, 0, lesson18::kEpsilon, false, false);
-    adam.step();
-  }
-  EXPECT_EQ(fused.step.item<double>(), 200);
-  EXPECT_LE(course::max_abs_diff(fused.flat.values, theirs), 1e-6);
-}
-
-// Tests that a graph asked for on the CPU is a clear error naming the fix.
-TEST(GraphedEpoch, OnTheCpuSaysItNeedsCuda) {
-  lesson18::FlatTrainer trainer = lesson18::make_flat_trainer(torch::kCPU, 1);
-  lesson18::EpochData epoch(64, 64, torch::kCPU);
-  try {
-    lesson18::GraphedEpoch graph(trainer, epoch, lesson18::fused_step);
-    FAIL() << "no error";
-  } catch (const course::CourseError& error) {
-    EXPECT_NE(std::string(error.what()).find("needs a CUDA device"), std::string::npos);
-    EXPECT_NE(error.hint().find("--device cuda"), std::string::npos);
+// Tests that DeviceAdam's zero_grad() zeroes each gradient where it lies (the addresses a graph
+// reads), where LibTorch 2.x's optimizer.zero_grad() would set it to none.
+TEST(DeviceAdam, ZeroGradKeepsEachGradientInPlace) {
+  course::ANN model;
+  lesson18::DeviceAdam adam(model->parameters(), lesson18::kLearningRate);
+  model->forward(torch::rand({4, 784})).sum().backward();
+  std::vector<const void*> before;
+  for (const auto& p : model->parameters()) before.push_back(p.grad().data_ptr());
+  adam.zero_grad();
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined());
+    EXPECT_EQ(params[i].grad().data_ptr(), before[i]);
+    EXPECT_EQ(params[i].grad().abs().sum().item<double>(), 0.0);
   }
 }
 
-// Tests the lesson's checks on the real data: each form's losses equal the form before it's.
-class FormsOnFashionMnist : public FashionMnistTest {};
-TEST_F(FormsOnFashionMnist, EachFormTrainsAsTheOneBefore) {
-  const auto losses = lesson18::losses_on_same_batches(train(), 20, torch::kCPU, lesson18::kSeed);
-  EXPECT_EQ(losses.count("graphed"), 0u);  // on the CPU: no graph
-  EXPECT_LE(lesson18::relative_difference(losses.at("fused"), losses.at("tutorial")),
-            lesson18::kStepTolerance);
+// Tests the lesson's first check on random batches: DeviceAdam trains as LibTorch's Adam, within
+// the lesson's tolerance.
+TEST(DeviceAdam, TrainsAsLibTorchsAdam) {
+  const lesson18::Batches batches = random_batches(20, torch::kCPU);
+  EXPECT_LE(lesson18::device_adam_vs_libtorch(batches, 60, torch::kCPU, lesson18::kSeed),
+            lesson18::kAdamTolerance);
 }
 
-// Tests, on a GPU, that the graphed epoch trains as the fused step run eagerly, and that a second
-// replay carries on from the first (the step count and the moments on the device), as a second
-// eager pass over the same batches does; and that the graph's kernels were counted.
-class GraphedOnCuda : public CudaTest {};
-TEST_F(GraphedOnCuda, GraphedEpochTrainsAsTheFusedStep) {
-  const course::ImageSet data = random_images(64 * 30);
-  double kernels = 0;
-  const auto losses = lesson18::losses_on_same_batches(data, 30, device, lesson18::kSeed, &kernels);
-  ASSERT_EQ(losses.count("graphed"), 1u);
-  EXPECT_LE(lesson18::relative_difference(losses.at("graphed"), losses.at("fused")),
-            lesson18::kStepTolerance);
-  EXPECT_GE(kernels, 10);  // about twenty kernels a step (LibTorch 2.8 and later count them)
-  lesson18::DeviceShuffler shuffler(data, device);
-  lesson18::EpochData epoch(64 * 30, 64, device);
-  shuffler.shuffle(epoch);
-  lesson18::FlatTrainer eager = lesson18::make_flat_trainer(device, lesson18::kSeed);
-  lesson18::FlatTrainer graphed = lesson18::make_flat_trainer(device, lesson18::kSeed);
-  lesson18::GraphedEpoch graph(graphed, epoch, lesson18::fused_step);  // warm-up: state put back
-  for (int pass = 0; pass < 2; ++pass) {
-    graph.replay();
-    const torch::Tensor by_graph = epoch.losses.clone();
-    for (std::int64_t k = 0; k < epoch.steps(); ++k)
-      lesson18::fused_step(eager, epoch.batch_images[k], epoch.batch_labels[k],
-                           epoch.loss_slots[k]);
-    EXPECT_LE(lesson18::relative_difference(by_graph, epoch.losses), lesson18::kStepTolerance)
-        << "pass " << pass;
-  }
-  EXPECT_EQ(graphed.step.item<double>(), 60);
-  EXPECT_EQ(eager.step.item<double>(), 60);
+// Tests that a CUDA graph needs a CUDA device: a clear error, not a crash.
+TEST(GraphedStep, NeedsCuda) {
+  course::ANN model;
+  lesson18::DeviceAdam adam(model->parameters(), lesson18::kLearningRate);
+  EXPECT_THROW(lesson18::GraphedStep(model, adam, 64, torch::kCPU), course::CourseError);
+}
+
+// Tests the lesson's run on the CPU with the real data: its checks pass, and the graph says it
+// was skipped rather than failing.
+TEST_F(FashionMnistTest, LessonPassesOnCpu) {
+  course::Verdict verdict;
+  lesson18::run_lesson(course::take(train(), 5000), lesson18::kQuickSteps, torch::kCPU,
+                       lesson18::kSeed, verdict);
+  EXPECT_TRUE(verdict.passed());
+  EXPECT_EQ(verdict.checks(), 1);  // DeviceAdam's; the graph's needs CUDA
+}
+
+// Tests DeviceAdam against LibTorch's Adam on the GPU too.
+TEST_F(CudaTest, DeviceAdamSameStepsAsLibTorchsAdam) {
+  EXPECT_LE(device_adam_against_libtorch(device, 1000), 1e-6);
+}
+
+// Tests the graphed step: captured after its warm-up, and its losses equal the eager step's on
+// the same batches over many steps (a host number frozen at capture would show within a few).
+TEST_F(CudaTest, GraphedStepEqualsEagerStep) {
+  const lesson18::Batches batches = random_batches(50, device);
+  EXPECT_LE(lesson18::graphed_vs_eager(batches, lesson18::kSteps, device, lesson18::kSeed),
+            lesson18::kGraphTolerance);
+}
+
+// Tests that replays train: the step count on the device counts every replay, and the loss falls.
+TEST_F(CudaTest, ReplaysCountAndTrain) {
+  const lesson18::Batches batches = random_batches(8, device);
+  course::ANN model;
+  model->to(device);
+  lesson18::DeviceAdam adam(model->parameters(), lesson18::kLearningRate);
+  lesson18::GraphedStep graph(model, adam, lesson18::kBatchSize, device);
+  graph.images.copy_(batches.images_of(0));
+  graph.labels.copy_(batches.labels_of(0));
+  graph.step();
+  const double first = graph.loss.item<double>();
+  for (int i = 1; i < 100; ++i) graph.step();
+  EXPECT_TRUE(graph.captured());
+  EXPECT_EQ(adam.steps().item<double>(), 100);
+  EXPECT_LT(graph.loss.item<double>(), first);
 }

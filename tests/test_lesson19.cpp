@@ -1,226 +1,125 @@
-// Tests of lesson 19: packages that Python really compiled (the tutorial's program with --export,
-// and a script of its own that knows nothing of the course), loaded with the lesson's Package and
-// held against the eager ANN and Python's accuracy; each bad input a CourseError; on a LibTorch
-// without AOTInductor, the lesson waived.
+// Tests of lesson 19: what its profiles of lesson 05's and lesson 12's loops hold, its op table,
+// and its traces, with the lesson's own functions and constants.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
-#include <regex>
+#include <sstream>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "aot_inductor.cpp"
 #include "common/temporary_folder.h"
+#include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "program_run.h"
+#include "profiling.cpp"
 
-#ifdef LESSON19_WITH_AOTI
 namespace {
 
-// The packages, made once for all the tests in the build's packages/ folder (CTest makes them
-// first: the lesson's smoke run makes its own, tests/CMakeLists.txt runs the script): the lesson's
-// own (the tutorial's program, --quick) and the two of tests/lesson19_packages.py, with the test
-// accuracy that script printed for its weights. A test binary run by itself makes what is missing.
-class Lesson19 : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (lesson19::python().empty() || fashion_mnist(nullptr) == nullptr) return;
-    const std::filesystem::path folder = LESSON19_PACKAGES_DIR;
-    try {
-      made_ = new lesson19::Made(lesson19::make_package(folder, torch::kCPU, true, false));
-    } catch (const course::CourseError& e) {
-      why_ = e.what();
-      return;
-    }
-    elsewhere_ = (folder / "elsewhere").string();
-    if (!std::filesystem::exists(elsewhere("accuracy.txt"))) {
-      std::filesystem::create_directories(elsewhere_);
-      course::ChildProcess script({lesson19::python(), LESSON19_PACKAGES_SCRIPT, elsewhere_}, {},
-                                  false);
-      script.read_rest();
-      script.wait_for(std::chrono::minutes(10));
-    }
-    std::ifstream said(elsewhere("accuracy.txt"));  // "Test Accuracy: 0.xxxx", as Python printed it
-    std::string line;
-    std::smatch m;
-    if (std::getline(said, line) &&
-        std::regex_match(line, m, std::regex("^Test Accuracy: ([0-9.]+)$")))
-      elsewhere_accuracy_ = std::stod(m[1]);
-    script_ok_ = elsewhere_accuracy_ > 0 && std::filesystem::exists(elsewhere("batch64.pt2"));
-    if (!script_ok_) why_ = "tests/lesson19_packages.py made no packages in " + elsewhere_;
-  }
-  static void TearDownTestSuite() { delete made_; }
-  void SetUp() override {
-    std::string why;
-    if (fashion_mnist(&why) == nullptr) GTEST_SKIP() << why;
-    if (lesson19::python().empty()) GTEST_SKIP() << "no Python with this LibTorch's torch";
-    ASSERT_TRUE(script_ok_) << why_;
-  }
-  static const course::ImageSet& test_set() { return fashion_mnist(nullptr)->test; }
-  static std::string elsewhere(const char* name) { return elsewhere_ + "/" + name; }
+constexpr int kTestSteps = 4;  // steps of each loop under the profiler
 
-  static std::string elsewhere_;
-  static lesson19::Made* made_;
-  static double elsewhere_accuracy_;
-  static bool script_ok_;
-  static std::string why_;
-};
-std::string Lesson19::elsewhere_;
-lesson19::Made* Lesson19::made_ = nullptr;
-double Lesson19::elsewhere_accuracy_ = -1;
-bool Lesson19::script_ok_ = false;
-std::string Lesson19::why_;
+// The first images of the training set: enough for the warm-up and the profiled steps.
+course::FashionMNIST first_images(const course::ImageSet& train) {
+  return course::FashionMNIST(
+      course::take(train, (lesson19::kWarmupSteps + kTestSteps) * lesson19::kBatchSize));
+}
 
-// The package's logits on `device` for the whole test set, in the tutorial's batches.
-torch::Tensor package_logits(lesson19::Package& package, const course::ImageSet& test) {
-  torch::NoGradGuard no_grad;
-  return lesson19::in_batches([&](const torch::Tensor& x) { return package.logits(x); },
-                              test.images, lesson19::kBatchSize);
+// The two loops' profiles on the CPU, made once for the tests that read them (each profile runs
+// the warm-up and the profiled steps of both loops).
+const lesson19::Profiles& cpu_profiles(const course::ImageSet& train) {
+  static const lesson19::Profiles profiles =
+      lesson19::profile_loops(first_images(train), kTestSteps, torch::kCPU);
+  return profiles;
 }
 
 }  // namespace
 
-// Tests that the package Python compiled computes what its weights compute in lesson 05's ANN,
-// loaded from the state_dict saved beside it (lesson 10's route), and that its accuracy is the
-// one Python printed and kept in the package's metadata.
-TEST_F(Lesson19, PackageComputesTheEagerANNsLogitsAndPythonsAccuracy) {
-  lesson19::Package package(made_->package, torch::kCPU);
-  const auto logits = package_logits(package, test_set());
-  auto eager = lesson19::eager_model(made_->state_dict, torch::kCPU);
-  torch::NoGradGuard no_grad;
-  const auto eager_logits = eager->forward(test_set().images.unsqueeze(1));
-  const auto a = lesson19::compare(logits, eager_logits);
-  EXPECT_LE(a.rel_diff, course::tolerance_for(torch::kFloat));
-  EXPECT_EQ(a.unexplained, 0);
-  ASSERT_FALSE(package.metadata("test_accuracy").empty());
-  EXPECT_NEAR(lesson19::accuracy(logits, test_set().labels),
-              std::stod(package.metadata("test_accuracy")), 0.5e-4 + 1e-4);
-  EXPECT_EQ(package.metadata("AOTI_DEVICE_KEY"), "cpu");
-  EXPECT_EQ(package.metadata("AOTI_MACHINE"), "x86_64");  // what it was compiled for
-  EXPECT_FALSE(package.metadata("AOTI_CPU_ISA").empty());
-  // What the zip holds: the generated C++ and the library compiled from it (the weights inside).
-  caffe2::serialize::PyTorchStreamReader zip(made_->package);
-  int sources = 0, libraries = 0;
-  for (const auto& name : zip.getAllRecords()) {
-    sources += name.size() > 12 && name.compare(name.size() - 12, 12, ".wrapper.cpp") == 0;
-    libraries += name.size() > 11 && name.compare(name.size() - 11, 11, ".wrapper.so") == 0;
+class ProfileTest : public FashionMnistTest {};
+
+// Tests that a profile of N steps holds N ranges of each part, in both loops.
+TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
+  const auto& profiles = cpu_profiles(train());
+  for (const auto* result : {profiles.tutorial.get(), profiles.fast.get()}) {
+    const lesson19::LoopFacts facts = lesson19::facts_of(lesson19::events_of(*result));
+    for (const std::string& part : lesson19::kParts) EXPECT_EQ(facts.ranges.at(part), kTestSteps);
   }
-  EXPECT_EQ(sources, 1);
-  EXPECT_EQ(libraries, 1);
 }
 
-// Tests that the comparison can fail: other weights give other logits and unexplained predictions.
-TEST_F(Lesson19, ComparisonCatchesOtherWeights) {
-  lesson19::Package ours(made_->package, torch::kCPU),
-      theirs(elsewhere("dynamic.pt2"), torch::kCPU);
-  const auto a =
-      lesson19::compare(package_logits(theirs, test_set()), package_logits(ours, test_set()));
-  EXPECT_GT(a.rel_diff, 0.01);
-  EXPECT_GT(a.unexplained, 100);
+// Tests the counts the page states for the CPU: one .item() per step in lesson 05's loop and none
+// in lesson 12's; lesson 05's loop calls .to(device) on each batch of images, which copies
+// nothing on the CPU; Adam's last operator once per parameter tensor against once.
+TEST_F(ProfileTest, CountsOnTheCpu) {
+  const auto& profiles = cpu_profiles(train());
+  const auto t = lesson19::facts_of(lesson19::events_of(*profiles.tutorial));
+  const auto f = lesson19::facts_of(lesson19::events_of(*profiles.fast));
+  EXPECT_EQ(t.item_reads, kTestSteps);
+  EXPECT_EQ(f.item_reads, 0);
+  EXPECT_EQ(t.image_moves, kTestSteps);
+  EXPECT_EQ(f.image_moves, 0);
+  EXPECT_EQ(t.image_copies, 0);
+  EXPECT_EQ(t.host_to_device + f.host_to_device, 0);  // no device, no copies to it
+  EXPECT_EQ(profiles.parameter_tensors, 6);
+  EXPECT_EQ(t.adam_updates, 6 * kTestSteps);
+  EXPECT_EQ(f.adam_updates, kTestSteps);
+  EXPECT_GT(t.operators, f.operators);  // per-parameter Adam and the loader's work
+  course::Verdict verdict;
+  lesson19::check_profile(t, f, kTestSteps, profiles.parameter_tensors, torch::kCPU, verdict);
+  EXPECT_EQ(verdict.finish("test"), 0);
 }
 
-// Tests that a package made outside the course (its own script, other weights, no metadata) loads,
-// takes a batch of 2 or more, refuses a batch of 1 (its lower bound, which the course's own
-// package leaves out), and scores the test set as Python scored it.
-TEST_F(Lesson19, PackageMadeElsewhereScoresWhatPythonScored) {
-  lesson19::Package package(elsewhere("dynamic.pt2"), torch::kCPU);
-  EXPECT_TRUE(package.metadata("test_accuracy").empty());
-  for (const std::int64_t batch : {2, 7, 64, 1000})
-    EXPECT_EQ(package.logits(test_set().images.slice(0, 0, batch)).size(0), batch);
-  EXPECT_THROW(package.logits(test_set().images.slice(0, 0, 1)), course::CourseError);
-  lesson19::Package ours(made_->package, torch::kCPU);
-  EXPECT_EQ(ours.logits(test_set().images.slice(0, 0, 1)).size(0), 1);
-  ASSERT_GT(elsewhere_accuracy_, 0);
-  EXPECT_NEAR(lesson19::accuracy(package_logits(package, test_set()), test_set().labels),
-              elsewhere_accuracy_, 0.5e-4 + 1e-4);
+// Tests that the check fails where the lab's starter leaves a part without its range.
+TEST(CheckProfile, AMissingRangeFails) {
+  lesson19::LoopFacts t, f;
+  for (const std::string& part : lesson19::kParts) t.ranges[part] = f.ranges[part] = 2;
+  t.ranges["backward"] = 0;
+  t.item_reads = 2;
+  t.image_moves = 2;
+  t.adam_updates = 12;
+  f.adam_updates = 2;
+  course::Verdict verdict;
+  lesson19::check_profile(t, f, 2, 6, torch::kCPU, verdict);
+  EXPECT_EQ(verdict.finish("test"), 1);
 }
 
-// Tests that a package exported for batches of 64 alone answers a batch of 64 and refuses a batch
-// of 100 when AOTI_RUNTIME_CHECK_INPUTS is set (the lesson sets it); without it, the package's
-// code runs on the 100 images and answers 64 rows, which the lesson's own check of the answer's
-// shape catches.
-TEST_F(Lesson19, PackageMadeForOneBatchSizeRefusesAnother) {
-  const auto error_for = [&](lesson19::Package& package) -> std::string {
-    try {
-      package.logits(test_set().images.slice(0, 0, 100));
-      return "";
-    } catch (const course::CourseError& e) {
-      return e.what();
-    }
-  };
-  lesson19::Package checked(elsewhere("batch64.pt2"), torch::kCPU);
-  EXPECT_EQ(checked.logits(test_set().images.slice(0, 0, 64)).size(0), 64);
-  EXPECT_NE(error_for(checked).find("refused a [100, 1, 28, 28]"), std::string::npos);
-  // A second load is a second copy of the package's code, which reads the variable anew.
-  lesson19::Package unchecked(elsewhere("batch64.pt2"), torch::kCPU);
-  unsetenv("AOTI_RUNTIME_CHECK_INPUTS");
-  const std::string error = error_for(unchecked);
-  setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", 1);
-  EXPECT_NE(error.find("answered a batch of 100 with [64, 10]"), std::string::npos) << error;
+// Tests the names of the two trace files that --trace FILE writes.
+TEST(TraceFile, OnePerLoop) {
+  EXPECT_EQ(lesson19::trace_file("out/trace.json", "lesson05"), "out/trace-lesson05.json");
+  EXPECT_EQ(lesson19::trace_file("trace", "lesson12"), "trace-lesson12.json");
 }
 
-// Tests each file that is not a package for this run: missing, a torch.save file, cut short,
-// compiled for another device. Each a CourseError naming the file, never a crash.
-TEST_F(Lesson19, FilesThatAreNotAPackageForThisRunAreClearErrors) {
-  const auto refused = [](const std::string& path, const torch::Device& device, const char* says) {
-    try {
-      lesson19::Package package(path, device);
-      ADD_FAILURE() << path << " loaded";
-    } catch (const course::CourseError& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-      EXPECT_FALSE(e.hint().empty());
-    }
-  };
-  course::TemporaryFolder folder("lesson19-test-");
-  refused(folder.file("absent.pt2"), torch::kCPU, "no package");
-  refused(made_->state_dict, torch::kCPU, "is not an AOTInductor package");
-  std::string bytes;
-  {
-    std::ifstream in(made_->package, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  std::ofstream(folder.file("cut.pt2"), std::ios::binary).write(bytes.data(), 4000);
-  refused(folder.file("cut.pt2"), torch::kCPU, "is not an AOTInductor package");
-  refused(made_->package, torch::Device(torch::kCUDA, 0),
-          "was compiled for cpu, this run is on cuda");
-  // A CUDA package on the CPU: the same package, its metadata saying "cuda" (a real one's code
-  // cannot even be loaded without a CUDA driver: the check comes before the loader).
-  {
-    caffe2::serialize::PyTorchStreamReader in(made_->package);
-    caffe2::serialize::PyTorchStreamWriter out(folder.file("cuda.pt2"));
-    for (const auto& name : in.getAllRecords()) {
-      const auto [bytes, size] = in.getRecord(name);
-      std::string data(static_cast<const char*>(bytes.get()), size);
-      if (name.find("wrapper_metadata.json") != std::string::npos)
-        data.replace(data.find("\"cpu\""), 5, "\"cuda\"");
-      out.writeRecord(name, data.data(), data.size());
-    }
-    out.writeEndOfFile();
-  }
-  EXPECT_EQ(lesson19::compiled_for(folder.file("cuda.pt2")), "cuda");
-  refused(folder.file("cuda.pt2"), torch::kCPU, "was compiled for cuda, this run is on cpu");
+// Tests that the traces are written, and hold each step's ranges as trace events.
+TEST_F(ProfileTest, TraceHoldsTheRanges) {
+  const auto& profiles = cpu_profiles(train());
+  course::TemporaryFolder folder("lesson19");
+  const std::string file = (folder.path() / "trace.json").string();
+  lesson19::save_chrome_trace(*profiles.tutorial, file);
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+  std::size_t forwards = 0;
+  for (auto at = json.find("\"forward\""); at != std::string::npos;
+       at = json.find("\"forward\"", at + 1))
+    ++forwards;
+  EXPECT_EQ(forwards, static_cast<std::size_t>(kTestSteps));
 }
 
-// Tests that the lesson has loaded the libtorch.so of its own LibTorch, which a package's code
-// needs by that name.
-TEST(Lesson19Link, LibtorchOfThisLibTorchIsLoaded) {
-  EXPECT_NO_THROW(lesson19::check_libtorch_loaded());
-}
+class ProfileCudaTest : public CudaTest {};
 
-// Tests that a Python that cannot be started is a clear error with a HINT.
-TEST(Lesson19Python, PythonThatCannotStartIsAClearError) {
-  course::TemporaryFolder folder("lesson19-python-");
-  setenv("GPU_LESSONS_PYTHON", "/nonexistent/python3", 1);
-  EXPECT_THROW(lesson19::make_package(folder.path(), torch::kCPU, true, true), course::CourseError);
-  unsetenv("GPU_LESSONS_PYTHON");
+// Tests the copies on a GPU: lesson 05's loop copies each batch to the device (features and
+// labels: at least two copies a step), lesson 12's copies none; its ranges and reads as on the CPU.
+TEST_F(ProfileCudaTest, LessonFivesLoopCopiesEachBatchLessonElevensNone) {
+  std::string why;
+  const FashionMnistSplits* data = fashion_mnist(&why);
+  if (data == nullptr) GTEST_SKIP() << why;
+  const auto profiles = lesson19::profile_loops(first_images(data->train), kTestSteps, device);
+  const auto t = lesson19::facts_of(lesson19::events_of(*profiles.tutorial));
+  const auto f = lesson19::facts_of(lesson19::events_of(*profiles.fast));
+  EXPECT_GE(t.host_to_device, 2 * kTestSteps);
+  EXPECT_EQ(f.host_to_device, 0);
+  EXPECT_EQ(t.item_reads, kTestSteps);
+  EXPECT_EQ(f.item_reads, 0);
+  course::Verdict verdict;
+  lesson19::check_profile(t, f, kTestSteps, profiles.parameter_tensors, device, verdict);
+  EXPECT_EQ(verdict.finish("test"), 0);
 }
-
-#else
-// Tests that on a LibTorch without AOTInductor the lesson is waived (exit 77) and says what it
-// needs.
-TEST(Lesson19Waived, WaivedWithWhatItNeeds) {
-  const auto run = run_program({built_program(LESSON19_BINARY), "--device", "cpu"});
-  EXPECT_EQ(run.exit_code, course::kExitWaived);
-  EXPECT_NE(run.output.find("needs 2.6 or newer"), std::string::npos) << run.output;
-}
-#endif

@@ -1,275 +1,181 @@
-// Tests of lesson 20: the operator gpu_lessons::train_epoch registered and found by name, its CPU
-// implementation against autograd and the tutorial's step, its refusals of wrong inputs, Python's
-// call of it against C++'s, and (on a GPU) the CUDA kernel against the CPU implementation, with
-// the lesson's own functions and constants.
+// Tests of lesson 20: each faster form against the form before it, the shuffle on the device, the
+// fused step's operators, and the graphed epoch (on a GPU), with the lesson's own functions and
+// constants.
 #include <gtest/gtest.h>
-
-#include <functional>
-#include <string>
-#include <tuple>
-#include <vector>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "common/compare.h"
 #include "cuda_test.h"
-#ifdef GPU_LESSONS_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>   // defines: CUDAStreamGuard
-#include <c10/cuda/CUDAStream.h>  // defines: getStreamFromPool, getCurrentCUDAStream
-#endif
-#include "custom_kernel.cpp"
 #include "fashion_mnist_test.h"
+#include "fastest_epoch.cpp"
 
 namespace {
 
-// `samples` random images (rows of 784) and labels, on `device`.
-lesson20::DeviceSet random_set(std::int64_t samples, const torch::Device& device) {
+// `samples` random images and labels, as a training split.
+course::ImageSet random_images(std::int64_t samples) {
   torch::manual_seed(3);
-  return {torch::rand({samples, 784}).to(device),
-          torch::randint(10, {samples}, torch::kLong).to(device)};
+  return {torch::rand({samples, 28, 28}), torch::randint(10, {samples}, torch::kLong)};
 }
 
-// The first `samples` rows of a permutation of `set`, drawn from a fixed seed, on its device.
-torch::Tensor order_of(const lesson20::DeviceSet& set, std::int64_t samples) {
-  torch::manual_seed(8);
-  return torch::randperm(set.labels.size(0), torch::kLong)
-      .narrow(0, 0, samples)
-      .to(set.images.device());
+// `steps` batches of `data` in one shuffled order, on the CPU.
+lesson20::EpochData shuffled_batches(const course::ImageSet& data, int steps) {
+  lesson20::DeviceShuffler shuffler(data, torch::kCPU);
+  lesson20::EpochData batches(steps * lesson20::kBatchSize, lesson20::kBatchSize, torch::kCPU);
+  shuffler.shuffle(batches);
+  return batches;
+}
+
+// `step` on each of `batches`; each step's loss.
+torch::Tensor train_steps(lesson20::EpochData& batches, const lesson20::Step& step) {
+  for (std::int64_t k = 0; k < batches.steps(); ++k)
+    step(batches.batch_images[k], batches.batch_labels[k], batches.loss_slots[k]);
+  return batches.losses.clone();
 }
 
 }  // namespace
 
-// Tests that the library registered the operator under the course's namespace with its schema,
-// that C++ finds it by name, and which devices it has an implementation for.
-TEST(Operator, IsFoundByNameWithItsSchema) {
-  const auto op = c10::Dispatcher::singleton().findSchema({epoch_op::kName, ""});
-  ASSERT_TRUE(op.has_value()) << "no " << epoch_op::kName;
-  const std::string schema = c10::toString(op->schema());
-  EXPECT_NE(schema.find("gpu_lessons::train_epoch(Tensor(a!) parameters, Tensor(b!) gradients"),
-            std::string::npos)
-      << schema;
-  EXPECT_NE(schema.find("int batch_size, float lr, Tensor(f!)? clock=None) -> Tensor"),
-            std::string::npos)
-      << schema;
-  EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CPU));
-#ifdef GPU_LESSONS_WITH_CUDA
-  EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
-#else
-  EXPECT_FALSE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
-#endif
-  EXPECT_NE(epoch_op::library_path().find("libgpu_lessons_ops.so"), std::string::npos)
-      << epoch_op::library_path();
+// Tests that an epoch's batches are slices of 64 covering every sample once, the last one smaller,
+// each with a slot for its loss.
+TEST(EpochData, SlicesOfTheBatchSizeAndASmallerLastOne) {
+  lesson20::EpochData epoch(150, 64, torch::kCPU);
+  ASSERT_EQ(epoch.steps(), 3);
+  EXPECT_EQ(epoch.batch_images[0].size(0), 64);
+  EXPECT_EQ(epoch.batch_images[2].size(0), 22);
+  EXPECT_EQ(epoch.batch_labels[2].size(0), 22);
+  EXPECT_EQ(epoch.losses.size(0), 3);
+  // Views into the epoch's own tensors: a shuffle into them is what each step reads.
+  EXPECT_EQ(epoch.batch_images[1].data_ptr(), epoch.images[64].data_ptr());
+  EXPECT_EQ(epoch.loss_slots[2].data_ptr(), epoch.losses[2].data_ptr());
 }
 
-// Tests that one step of the operator gives autograd's loss and gradients, on a batch of 64 and
-// on a smaller last batch.
-TEST(Operator, OneStepGivesAutogradsLossAndGradients) {
-  const lesson20::DeviceSet set = random_set(100, torch::kCPU);
-  for (const std::int64_t rows : {std::int64_t{64}, std::int64_t{22}, std::int64_t{1}})
-    EXPECT_LE(lesson20::one_step_difference(set, rows, torch::kCPU), lesson20::kGradientTolerance)
-        << rows << " rows";
+// Tests that the shuffle draws as LibTorch's RandomSampler does (an order as it is made, another
+// per epoch, from the global generator), so that on the CPU the resident form sees lesson 05's
+// batches; and that it writes every sample once.
+TEST(DeviceShuffler, DrawsTheSamplersOrdersAndKeepsEverySample) {
+  const course::ImageSet data = random_images(200);
+  torch::manual_seed(11);
+  lesson20::DeviceShuffler shuffler(data, torch::kCPU);
+  lesson20::EpochData epoch(200, 64, torch::kCPU);
+  shuffler.shuffle(epoch);
+  torch::manual_seed(11);
+  torch::randperm(200, torch::kLong);  // the sampler's order as it is made
+  const torch::Tensor order = torch::randperm(200, torch::kLong);  // and the first epoch's
+  EXPECT_TRUE(torch::equal(epoch.labels, data.labels.index_select(0, order)));
+  EXPECT_TRUE(torch::equal(epoch.images, data.images.reshape({-1, 784}).index_select(0, order)));
 }
 
-// Tests that the operator trains as the tutorial's step on the same batches (the last smaller),
-// within the lesson's tolerance.
-TEST(Operator, TrainsAsTheTutorialsStep) {
-  const lesson20::DeviceSet set = random_set(1000, torch::kCPU);
-  const torch::Tensor order = order_of(set, 10 * 64 + 30);
-  lesson20::OpTrainer op = lesson20::make_op_trainer(torch::kCPU, 1);
-  lesson20::Trainer reference = lesson20::make_trainer(torch::kCPU, 1);
-  const torch::Tensor got = lesson20::train_with_op(op, set.images, set.labels, order);
-  const torch::Tensor expected =
-      lesson20::train_with_autograd(reference, set.images, set.labels, order);
-  ASSERT_EQ(got.size(0), 11);
-  EXPECT_LE(lesson20::relative_difference(got, expected), lesson20::kStepTolerance);
-  std::vector<torch::Tensor> parameters;  // autograd's, in the flat tensor's order
-  for (const auto& p : reference.model->parameters()) parameters.push_back(p.detach().flatten());
-  EXPECT_LE(course::max_rel_diff(op.flat.values, torch::cat(parameters)), lesson20::kStepTolerance);
+// Tests that the fused step trains as the tutorial's step on the same batches, within the lesson's
+// tolerance.
+TEST(Forms, FusedTrainsAsTheTutorial) {
+  lesson20::EpochData batches = shuffled_batches(random_images(640), 10);
+  lesson20::Trainer tutorial = lesson20::make_trainer(torch::kCPU, lesson20::kSeed);
+  lesson20::FlatTrainer fused = lesson20::make_flat_trainer(torch::kCPU, lesson20::kSeed);
+  const torch::Tensor expected = train_steps(
+      batches, [&](auto& x, auto& y, auto l) { lesson20::tutorial_step(tutorial, x, y, l); });
+  const torch::Tensor by_fused =
+      train_steps(batches, [&](auto& x, auto& y, auto l) { lesson20::fused_step(fused, x, y, l); });
+  EXPECT_LE(lesson20::relative_difference(by_fused, expected), lesson20::kStepTolerance);
 }
 
-// Tests that the operator returns a loss per step and advances Adam's step count by its steps,
-// call after call, as its schema says.
-TEST(Operator, ReturnsEachStepsLossAndAdvancesAdamsStep) {
-  const lesson20::DeviceSet set = random_set(200, torch::kCPU);
-  lesson20::OpTrainer op = lesson20::make_op_trainer(torch::kCPU, 1);
-  const torch::Tensor order = order_of(set, 150);  // 64 + 64 + 22
-  EXPECT_EQ(lesson20::train_with_op(op, set.images, set.labels, order).size(0), 3);
-  EXPECT_EQ(op.step.item<double>(), 3);
-  lesson20::train_with_op(op, set.images, set.labels, order);
-  EXPECT_EQ(op.step.item<double>(), 6);
+// Tests that the fused step computes autograd's loss and gradients, on a batch of another size too
+// (an epoch's last: buffers of its own). Gradients, not parameters: Adam's first step moves each
+// parameter by about lr whatever its gradient's size, so a gradient near zero rounded otherwise
+// may move its parameter otherwise.
+TEST(Forms, FusedStepGivesAutogradsGradientsOnASmallerBatch) {
+  lesson20::Trainer tutorial = lesson20::make_trainer(torch::kCPU, lesson20::kSeed);
+  lesson20::FlatTrainer fused = lesson20::make_flat_trainer(torch::kCPU, lesson20::kSeed);
+  const torch::Tensor x = torch::rand({22, 784}), y = torch::randint(10, {22}, torch::kLong);
+  torch::Tensor expected = torch::zeros({}), got = torch::zeros({});
+  lesson20::tutorial_step(tutorial, x, y, expected);
+  lesson20::fused_step(fused, x, y, got);
+  EXPECT_EQ(fused.buffers.count(22), 1u);
+  EXPECT_NEAR(got.item<double>(), expected.item<double>(), 1e-6);
+  std::vector<torch::Tensor> grads;  // autograd's, in the flat tensor's order (parameters())
+  for (const auto& p : tutorial.model->parameters()) grads.push_back(p.grad().flatten());
+  EXPECT_LE(course::max_abs_diff(fused.flat.gradients, torch::cat(grads)), 1e-6);
 }
 
-// One call's arguments, each replaceable by a wrong one.
-struct Call {
-  lesson20::OpTrainer t = lesson20::make_op_trainer(torch::kCPU, 1);
-  torch::Tensor images, labels, order;
-  std::int64_t batch = lesson20::kBatchSize;
-  double lr = lesson20::kLearningRate;
-  c10::optional<torch::Tensor> clock;
-  torch::Tensor run() {
-    return lesson20::train_epoch_op().call(t.flat.values, t.flat.gradients, t.exp_avg, t.exp_avg_sq,
-                                           t.step, images, labels, order, batch, lr, clock);
+// Tests what the fused form is for: fewer operators per step than the tutorial's step (counted by
+// the lesson's own function).
+TEST(Forms, FusedStepDispatchesFewerOperators) {
+  const course::ImageSet data = random_images(128);
+  const long long tutorial = lesson20::operators_per_step("resident", data, torch::kCPU, 1);
+  const long long fused = lesson20::operators_per_step("fused", data, torch::kCPU, 1);
+  EXPECT_LT(fused, tutorial / 2);
+}
+
+// Tests that the fused form uses LibTorch's fused Adam where this LibTorch has it for the CPU
+// (2.4 and later), and that its step is LibTorch's Adam: 200 steps on gradients from no model.
+TEST(FusedAdam, SameStepsAsLibTorchsAdam) {
+  if (!lesson20::has_fused_adam(torch::kCPU)) GTEST_SKIP() << "this LibTorch has no CPU fused Adam";
+  lesson20::FlatTrainer fused = lesson20::make_flat_trainer(torch::kCPU, lesson20::kSeed);
+  torch::Tensor theirs = fused.flat.values.detach().clone().requires_grad_();
+  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson20::kLearningRate));
+  torch::manual_seed(4);
+  for (int i = 0; i < 200; ++i) {
+    const torch::Tensor g = torch::randn_like(theirs) * 0.1;
+    fused.flat.gradients.copy_(g);
+    theirs.mutable_grad() = g.clone();
+    fused.step.add_(1);
+    at::_fused_adam_({fused.flat.values}, {fused.flat.gradients}, {fused.exp_avg},
+                     {fused.exp_avg_sq}, {}, {fused.step}, lesson20::kLearningRate,
+                     lesson20::kBeta1, lesson20::kBeta2, 0, lesson20::kEpsilon, false, false);
+    adam.step();
   }
-};
-
-// Tests that each wrong input is refused with a message naming it, before anything is changed.
-TEST(Operator, RefusesWrongInputsNamingThem) {
-  const lesson20::DeviceSet set = random_set(100, torch::kCPU);
-  const torch::Tensor order = order_of(set, 64);
-  const std::vector<std::tuple<const char*, const char*, std::function<void(Call&)>>> cases = {
-      {"int32 labels", "labels must be int64",
-       [](Call& c) { c.labels = c.labels.to(torch::kInt); }},
-      {"images as [N, 28, 28]", "images must be float32 [N, 784]",
-       [](Call& c) {
-         c.images = c.images.view({-1, 28, 28});
-       }},
-      {"images not contiguous", "images must be contiguous",
-       [](Call& c) { c.images = c.images.t().contiguous().t(); }},
-      {"another model's parameters", "parameters must be float32 [109386]",
-       [](Call& c) { c.t.flat.values = torch::zeros({10}); }},
-      {"Adam's step as int64", "step must be one float32",
-       [](Call& c) { c.t.step = torch::zeros({}, torch::kLong); }},
-      {"no samples", "order must be int64 [samples]",
-       [](Call& c) { c.order = c.order.narrow(0, 0, 0); }},
-      {"a sample past the images", "order holds",
-       [](Call& c) { c.order = c.order.clone().fill_(100); }},
-      {"a label past the classes", "labels must be classes 0..9",
-       [](Call& c) { c.labels = c.labels.clone().fill_(10); }},
-      {"a batch of 0", "batch_size must be 1..64", [](Call& c) { c.batch = 0; }},
-      {"a batch of 65", "batch_size must be 1..64", [](Call& c) { c.batch = 65; }},
-      {"a negative learning rate", "lr must be a positive number", [](Call& c) { c.lr = -1e-3; }},
-      {"one tensor as both of Adam's moments", "exp_avg and exp_avg_sq share memory",
-       [](Call& c) { c.t.exp_avg_sq = c.t.exp_avg; }},
-      {"the gradients inside the parameters", "parameters and gradients share memory",
-       [](Call& c) { c.t.flat.gradients = c.t.flat.values; }},
-      {"a clock of the wrong size", "clock must be contiguous int64 [4]",
-       [](Call& c) { c.clock = torch::zeros({3}, torch::kLong); }},
-  };
-  for (const auto& [wrong, says, make] : cases) {
-    Call c;
-    c.images = set.images, c.labels = set.labels, c.order = order;
-    make(c);
-    const torch::Tensor before = c.t.flat.values.clone();
-    try {
-      c.run();
-      ADD_FAILURE() << wrong << ": taken";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(says), std::string::npos)
-          << wrong << ": " << e.what_without_backtrace();
-    }
-    EXPECT_TRUE(torch::equal(before, c.t.flat.values)) << wrong << ": the parameters changed";
-  }
+  EXPECT_EQ(fused.step.item<double>(), 200);
+  EXPECT_LE(course::max_abs_diff(fused.flat.values, theirs), 1e-6);
 }
 
-// Tests that parameters which require grad are refused where the operator writes in place
-// (autograd's fallback: the operator has no backward), with autograd's own message.
-TEST(Operator, RefusesALeafThatRequiresGrad) {
-  const lesson20::DeviceSet set = random_set(100, torch::kCPU);
-  Call c;
-  c.images = set.images, c.labels = set.labels, c.order = order_of(set, 64);
-  c.t.flat.values.requires_grad_(true);
+// Tests that a graph asked for on the CPU is a clear error naming the fix.
+TEST(GraphedEpoch, OnTheCpuSaysItNeedsCuda) {
+  lesson20::FlatTrainer trainer = lesson20::make_flat_trainer(torch::kCPU, 1);
+  lesson20::EpochData epoch(64, 64, torch::kCPU);
   try {
-    c.run();
-    ADD_FAILURE() << "taken";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("in-place operation"), std::string::npos)
-        << e.what_without_backtrace();
+    lesson20::GraphedEpoch graph(trainer, epoch, lesson20::fused_step);
+    FAIL() << "no error";
+  } catch (const course::CourseError& error) {
+    EXPECT_NE(std::string(error.what()).find("needs a CUDA device"), std::string::npos);
+    EXPECT_NE(error.hint().find("--device cuda"), std::string::npos);
   }
 }
 
-// Tests the steps of an epoch: the tutorial's 938 for 60,000 images, the last one smaller.
-TEST(Operator, StepsOfAnEpoch) {
-  EXPECT_EQ(lesson20::steps_for(60000), 938);
-  EXPECT_EQ(lesson20::steps_for(64), 1);
-  EXPECT_EQ(lesson20::steps_for(65), 2);
+// Tests the lesson's checks on the real data: each form's losses equal the form before it's.
+class FormsOnFashionMnist : public FashionMnistTest {};
+TEST_F(FormsOnFashionMnist, EachFormTrainsAsTheOneBefore) {
+  const auto losses = lesson20::losses_on_same_batches(train(), 20, torch::kCPU, lesson20::kSeed);
+  EXPECT_EQ(losses.count("graphed"), 0u);  // on the CPU: no graph
+  EXPECT_LE(lesson20::relative_difference(losses.at("fused"), losses.at("tutorial")),
+            lesson20::kStepTolerance);
 }
 
-// Tests the operator's clock on the CPU: the start, then the end of each phase of each step, each
-// no earlier than the one before.
-TEST(Operator, ClockGetsEachPhasesTime) {
-  const lesson20::DeviceSet set = random_set(200, torch::kCPU);
-  Call c;
-  c.images = set.images, c.labels = set.labels, c.order = order_of(set, 150);  // 3 steps
-  c.clock = torch::zeros({3 * 3 + 1}, torch::kLong);
-  c.run();
-  const torch::Tensor& clock = *c.clock;
-  EXPECT_GT(clock[0].item<std::int64_t>(), 0);
-  EXPECT_TRUE((clock.narrow(0, 1, 9) >= clock.narrow(0, 0, 9)).all().item<bool>()) << clock;
-  EXPECT_EQ(lesson20::phase_medians_us(clock).size(), 3u);
-}
-
-// Tests the lesson's Python part on the real data: Python loads the operator's library, trains
-// with torch.ops.gpu_lessons.train_epoch on tensors it made, and C++, from the same start and
-// order, gets the same losses and parameters.
-class OperatorFromPython : public FashionMnistTest {};
-TEST_F(OperatorFromPython, GivesWhatCppGets) {
-  if (const std::string why = lesson20::why_no_python(); !why.empty()) GTEST_SKIP() << why;
-  const lesson20::DeviceSet data = lesson20::to_device(course::take(train(), 10000), torch::kCPU);
-  const auto [losses, parameters] =
-      lesson20::python_difference(data, course::find_fashion_mnist("").string(), torch::kCPU);
-  EXPECT_LE(losses, lesson20::kStepTolerance);
-  EXPECT_LE(parameters, lesson20::kStepTolerance);
-}
-
-// Tests the CUDA kernel, on a GPU: one step's loss and gradients are autograd's (batches of 64,
-// 22 and 1), and 100 steps train as the CPU implementation from the same start on the same
-// batches (their losses, step by step: lesson 18's check).
-class OperatorOnCuda : public CudaTest {};
-TEST_F(OperatorOnCuda, OneStepGivesAutogradsLossAndGradients) {
-  const lesson20::DeviceSet set = random_set(100, device);
-  for (const std::int64_t rows : {std::int64_t{64}, std::int64_t{22}, std::int64_t{1}})
-    EXPECT_LE(lesson20::one_step_difference(set, rows, device), lesson20::kGradientTolerance)
-        << rows << " rows";
-}
-
-TEST_F(OperatorOnCuda, KernelTrainsAsTheCpuImplementation) {
-  const lesson20::DeviceSet set = random_set(10000, device);
-  const torch::Tensor order = order_of(set, 100 * 64 - 10);
-  lesson20::OpTrainer on_gpu = lesson20::make_op_trainer(device, 1);
-  lesson20::OpTrainer on_cpu = lesson20::make_op_trainer(torch::kCPU, 1);
-  const torch::Tensor got = lesson20::train_with_op(on_gpu, set.images, set.labels, order);
-  const torch::Tensor expected =
-      lesson20::train_with_op(on_cpu, set.images.cpu(), set.labels.cpu(), order.cpu());
-  EXPECT_LE(lesson20::relative_difference(got.cpu(), expected), lesson20::kStepTolerance);
-  EXPECT_EQ(on_gpu.step.item<double>(), 100);
-}
-
-#ifdef GPU_LESSONS_WITH_CUDA  // (the stream's API is in a CUDA LibTorch only)
-// Tests that the kernel gives the same results twice (it sums in a fixed order: no atomics), and
-// on a stream of the caller's as on the default one (it runs on LibTorch's current stream).
-TEST_F(OperatorOnCuda, KernelIsDeterministicOnAnyStream) {
-  const lesson20::DeviceSet set = random_set(1000, device);
-  const torch::Tensor order = order_of(set, 10 * 64 + 7);
-  lesson20::OpTrainer first = lesson20::make_op_trainer(device, 1);
-  lesson20::OpTrainer second = lesson20::make_op_trainer(device, 1);
-  const torch::Tensor losses = lesson20::train_with_op(first, set.images, set.labels, order);
-  torch::Tensor again;
-  {
-    c10::cuda::CUDAStreamGuard on_side_stream(c10::cuda::getStreamFromPool(false, device.index()));
-    again = lesson20::train_with_op(second, set.images, set.labels, order);
-    c10::cuda::getCurrentCUDAStream().synchronize();
+// Tests, on a GPU, that the graphed epoch trains as the fused step run eagerly, and that a second
+// replay carries on from the first (the step count and the moments on the device), as a second
+// eager pass over the same batches does; and that the graph's kernels were counted.
+class GraphedOnCuda : public CudaTest {};
+TEST_F(GraphedOnCuda, GraphedEpochTrainsAsTheFusedStep) {
+  const course::ImageSet data = random_images(64 * 30);
+  double kernels = 0;
+  const auto losses = lesson20::losses_on_same_batches(data, 30, device, lesson20::kSeed, &kernels);
+  ASSERT_EQ(losses.count("graphed"), 1u);
+  EXPECT_LE(lesson20::relative_difference(losses.at("graphed"), losses.at("fused")),
+            lesson20::kStepTolerance);
+  EXPECT_GE(kernels, 10);  // about twenty kernels a step (LibTorch 2.8 and later count them)
+  lesson20::DeviceShuffler shuffler(data, device);
+  lesson20::EpochData epoch(64 * 30, 64, device);
+  shuffler.shuffle(epoch);
+  lesson20::FlatTrainer eager = lesson20::make_flat_trainer(device, lesson20::kSeed);
+  lesson20::FlatTrainer graphed = lesson20::make_flat_trainer(device, lesson20::kSeed);
+  lesson20::GraphedEpoch graph(graphed, epoch, lesson20::fused_step);  // warm-up: state put back
+  for (int pass = 0; pass < 2; ++pass) {
+    graph.replay();
+    const torch::Tensor by_graph = epoch.losses.clone();
+    for (std::int64_t k = 0; k < epoch.steps(); ++k)
+      lesson20::fused_step(eager, epoch.batch_images[k], epoch.batch_labels[k],
+                           epoch.loss_slots[k]);
+    EXPECT_LE(lesson20::relative_difference(by_graph, epoch.losses), lesson20::kStepTolerance)
+        << "pass " << pass;
   }
-  EXPECT_TRUE(torch::equal(losses, again));
-  EXPECT_TRUE(torch::equal(first.flat.values, second.flat.values));
-  // The clock on the GPU: a time for the start and after each barrier, in order.
-  torch::Tensor clock = torch::zeros({3 * 11 + 1}, torch::dtype(torch::kLong).device(device));
-  lesson20::train_with_op(first, set.images, set.labels, order, clock);
-  const torch::Tensor times = clock.cpu();
-  EXPECT_TRUE((times.narrow(0, 1, 33) >= times.narrow(0, 0, 33)).all().item<bool>()) << times;
-  EXPECT_GT(times[0].item<std::int64_t>(), 0);
-}
-#endif
-
-// Tests that tensors on two devices are refused, naming them, before the kernel is launched.
-TEST_F(OperatorOnCuda, RefusesTensorsOnTwoDevices) {
-  const lesson20::DeviceSet set = random_set(100, torch::kCPU);
-  lesson20::OpTrainer t = lesson20::make_op_trainer(device, 1);
-  try {
-    lesson20::train_with_op(t, set.images, set.labels, order_of(set, 64));
-    ADD_FAILURE() << "taken";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("every tensor must be on one device"),
-              std::string::npos)
-        << e.what_without_backtrace();
-  }
+  EXPECT_EQ(graphed.step.item<double>(), 60);
+  EXPECT_EQ(eager.step.item<double>(), 60);
 }

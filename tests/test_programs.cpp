@@ -2,7 +2,7 @@
 // runs it (tests/program_run.h): --help exits 0 and a bad flag or device exits 2 (every lesson and
 // exercise), a lesson that reads Fashion-MNIST exits 2 with a HINT when the data is not there, one
 // that stops on Ctrl-C does so at the end of a step (exit 130, lessons 10 and 13 keeping their
-// last whole epoch), lessons 09 and 15 as real c10d jobs of processes on this host, started the
+// last whole epoch), lessons 09 and 17 as real c10d jobs of processes on this host, started the
 // way torchrun starts ranks (its environment variables), so that CI needs no launcher, and the
 // tutorial's Python program on torchvision's dataset and on its own. The programs come from the
 // lesson registry (programs.inc, written by tests/CMakeLists.txt).
@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Programs, StopsOnCtrlC,
                          })),
                          program_name);
 
-// ---- lessons 09 and 15 as jobs of processes -----------------------------------------------------
+// ---- lessons 09 and 17 as jobs of processes -----------------------------------------------------
 int free_port() {  // one the kernel picks; free when this returns
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -222,7 +222,7 @@ std::vector<std::string> with(std::vector<std::string> flags,
   return flags;
 }
 
-constexpr const char* kFailuresLesson = "lesson15";  // distributed failures: lesson 09's job
+constexpr const char* kFailuresLesson = "lesson17";  // distributed failures: lesson 09's job
 
 class Jobs : public ::testing::TestWithParam<std::string> {  // lesson09 or kFailuresLesson
  protected:
@@ -342,10 +342,10 @@ std::string lesson_name(const ::testing::TestParamInfo<std::string>& info) { ret
 INSTANTIATE_TEST_SUITE_P(Lessons, Jobs, ::testing::Values("lesson09", kFailuresLesson),
                          lesson_name);
 
-// Lesson 15's jobs on GPUs. Two NCCL ranks, a GPU each, rank 1 killed: rank 0 exits 1 with its
+// Lesson 17's jobs on GPUs. Two NCCL ranks, a GPU each, rank 1 killed: rank 0 exits 1 with its
 // own error within the timeout (not NCCL's watchdog's SIGABRT, 134).
-class Lesson15Jobs : public Jobs {};
-TEST_P(Lesson15Jobs, NcclRankKilledEndsTheOtherWithItsOwnError) {
+class Lesson17Jobs : public Jobs {};
+TEST_P(Lesson17Jobs, NcclRankKilledEndsTheOtherWithItsOwnError) {
   SKIP_WITHOUT_GPUS(2);
   Job job(binary_, 2, {"--epochs", "50", "--timeout", "20", "--device", "cuda"});
   ASSERT_TRUE(job.wait_for_line(1, "epoch 1/50")) << "rank 1 ended first:\n" << job.seen(1);
@@ -358,7 +358,7 @@ TEST_P(Lesson15Jobs, NcclRankKilledEndsTheOtherWithItsOwnError) {
 }
 // One rank more than there are GPUs: --device cuda exits 2 on every rank, saying why; --device
 // auto trains every rank on the CPU (Gloo) and passes.
-TEST_P(Lesson15Jobs, NcclTooFewGpus) {
+TEST_P(Lesson17Jobs, NcclTooFewGpus) {
   SKIP_WITHOUT_GPUS(1);
   const int gpus = static_cast<int>(torch::cuda::device_count());
   std::vector<ProgramRun> cuda =
@@ -373,7 +373,7 @@ TEST_P(Lesson15Jobs, NcclTooFewGpus) {
       << automatic[0].what();
 }
 // Two ranks given the same GPU (CUDA_VISIBLE_DEVICES=0 for both): both exit 2, saying why.
-TEST_P(Lesson15Jobs, NcclTwoRanksOnOneGpu) {
+TEST_P(Lesson17Jobs, NcclTwoRanksOnOneGpu) {
   SKIP_WITHOUT_GPUS(1);
   std::vector<ProgramRun> runs = Job(binary_, 2, {"--quick", "--timeout", "20", "--device", "auto"},
                                      {"CUDA_VISIBLE_DEVICES=0"})
@@ -383,7 +383,7 @@ TEST_P(Lesson15Jobs, NcclTwoRanksOnOneGpu) {
     EXPECT_TRUE(rank.printed("share one GPU")) << rank.what();
   }
 }
-INSTANTIATE_TEST_SUITE_P(Lessons, Lesson15Jobs, ::testing::Values("lesson15"), lesson_name);
+INSTANTIATE_TEST_SUITE_P(Lessons, Lesson17Jobs, ::testing::Values("lesson17"), lesson_name);
 
 // ---- the tutorial's Python program
 // ---------------------------------------------------------------- On torchvision's FashionMNIST

@@ -168,7 +168,7 @@ TEST(Launch, LostJobExitsOneSayingSo) {
     course::Verdict verdict;
     verdict.check(true, "a claim that held");
     course::exit_lost_job(3, std::runtime_error("Connection closed by peer"), verdict,
-                          "lesson 99 rank 3");
+                          "lesson 101 rank 3");
   };
   EXPECT_EXIT(lose(), testing::ExitedWithCode(course::kExitFail),
               "error: rank 3 lost the job during training: Connection closed by peer");
@@ -189,7 +189,7 @@ TEST(Launch, FreePortCanBeBound) {
 }
 
 // Tests that a device's name across processes is "cpu" on the CPU, and on a GPU its index and
-// UUID, which every process sees alike (what lesson 15's ranks compare).
+// UUID, which every process sees alike (what lesson 17's ranks compare).
 TEST(DeviceIdentity, CpuOrIndexAndUuid) {
   EXPECT_EQ(course::device_identity(c10::Device(c10::kCPU)), "cpu");
   if (course::cuda_device_count() > 0) {
