@@ -12,11 +12,10 @@
 
 #include "bench.h"
 #include "memory/memory.h"
-// Lessons 13 and 16 are one file each with its own main(); the benchmark includes them for their
-// functions.
+#include "write_atomically.h"  // defines: lesson 13's write_atomically
+// Lesson 16 is one file with its own main(); the benchmark includes it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "activation_checkpointing.cpp"
-#include "crash_safe_checkpoints.cpp"
 
 namespace {
 

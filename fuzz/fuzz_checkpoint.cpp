@@ -1,5 +1,5 @@
 // fuzz_checkpoint: libFuzzer target for the two readers of checkpoint files, each given the same
-// input: lesson 13's load_checkpoint (a training run's checkpoint, into the tutorial's ANN and
+// input: lesson 14's load_checkpoint (a training run's checkpoint, into the tutorial's ANN and
 // Adam) and course::read_python_state_dict (a file torch.save wrote; lesson 10 reads them). The
 // course's own code runs up to the point where LibTorch's readers take over, and after them. Every
 // input must load or give a course::CheckpointError; a crash, another exception or a hang is a
@@ -10,16 +10,14 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "fuzz_file.h"  // defines: fuzz::write_input
-// Lesson 13 is one file with its own main(); the target includes it for its functions.
-#define GPU_LESSONS_NO_MAIN
-#include "crash_safe_checkpoints.cpp"  // defines: lesson13::load_checkpoint, new_training
+#include "checkpoint.h"  // defines: lesson 14's load_checkpoint, new_training
+#include "fuzz_file.h"   // defines: fuzz::write_input
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static lesson13::Training run = lesson13::new_training(torch::kCPU, lesson13::kSeed);
+  static lesson14::Training run = lesson14::new_training(torch::kCPU, /*seed=*/1);
   const std::string& path = fuzz::write_input(data, size);
   try {
-    lesson13::load_checkpoint(run, torch::kCPU, path);
+    lesson14::load_checkpoint(run, torch::kCPU, path);
   } catch (const course::CheckpointError&) {
   }
   try {

@@ -104,12 +104,12 @@ INSTANTIATE_TEST_SUITE_P(Programs, ReadsData,
 
 // ---- Ctrl-C during training ---------------------------------------------------------------------
 // SIGINT, sent once the first epoch is done (and saved): the run stops at the end of the step under
-// way, says so, and exits 130; lessons 10 and 13's checkpoint keeps the last whole epoch, no other
+// way, says so, and exits 130; lessons 10 and 14's checkpoint keeps the last whole epoch, no other
 // file is left, and a second run resumes from it.
 class StopsOnCtrlC : public EveryProgram {};
 TEST_P(StopsOnCtrlC, StopsAtTheEndOfAStep) {
   const std::string name = GetParam().name, lesson = name.substr(0, 8);
-  const bool checkpoints = lesson == "lesson10" || lesson == "lesson13";
+  const bool checkpoints = lesson == "lesson10" || lesson == "lesson14";
   Scratch dir;
   std::vector<std::string> argv{GetParam().path, "--device", "cpu", "--quick", "--epochs", "100"};
   std::string first = "epoch 1/100";  // common/report.h's run_epochs

@@ -11,7 +11,8 @@
 //     loaded into a fresh ANN and Adam on the device;
 //   - Python's own state_dict files, both ways (torch_files/state_dict.h reads and writes the
 //   format).
-// Lesson 13 (going further) makes this checkpoint exact, crash-safe and wary of strangers' files.
+// Going further: lesson 13 writes this checkpoint atomically, lesson 14 makes its resume exact, and
+// lesson 15 loads files from strangers without harm.
 //
 // Run:    build/bin/lesson10_checkpointing [--device ...] [--quick]      (the recipe)
 //         build/bin/lesson10_checkpointing --checkpoint run.pt --epochs 5   (resumes when run.pt
@@ -166,7 +167,7 @@ void save_checkpoint(ANN& model, torch::optim::Adam& optimizer, std::int64_t epo
   checkpoint.write("epoch", c10::IValue(epoch));
   checkpoint.write("model_state_dict", model_state_dict);
   checkpoint.write("optimizer_state_dict", optimizer_state_dict);
-  checkpoint.save_to(path);  // truncates the last checkpoint first: lesson 13 says why it matters
+  checkpoint.save_to(path);  // empties the last checkpoint first: lesson 13 says why it matters
 }
 
 // Python: checkpoint = torch.load(path, map_location=device)

@@ -523,7 +523,7 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
     for (const bool as09 : {true, false}) {
       if (as09 && !have09) continue;
       const auto [e, line] = run_job(as09 ? lesson09 : here, f, flags, timeout_s);
-      std::printf("   lesson %s: %s%s after %.1f s: %s\n", as09 ? "09" : "15",
+      std::printf("   lesson %s: %s%s after %.1f s: %s\n", as09 ? "09" : "17",
                   e.hung ? "HUNG, " : "", course::describe_status(e.statuses.front()).c_str(),
                   e.seconds,
                   line.size() > 100 ? (line.substr(0, 97) + "...").c_str() : line.c_str());

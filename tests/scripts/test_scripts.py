@@ -432,7 +432,7 @@ class GpuPass(Scratch):
             self.assertRegex(text(lesson + ".txt"), r"(?m)^RESULT: ", lesson)
         for extra in ("lesson09_data_parallel.2ranks", "lesson17_distributed_failures.2ranks",
                       "lesson10_checkpointing.resume", "lesson10_checkpointing.roundtrip",
-                      "lesson13_crash_safe_checkpoints.resume"):
+                      "lesson14_exact_resume.resume"):
             self.assertTrue(text(extra + ".txt"), extra)
         for lesson in ("09", "17"):  # torchrun's job of one rank
             name = [n for n in lessons if n.startswith(f"lesson{lesson}_")][0]
