@@ -1,4 +1,4 @@
-// checkpoint_cli.h defines: what lessons 10 and 13 both promise about --checkpoint on the command
+// checkpoint_cli.h defines: what lessons 10 and 14 both promise about --checkpoint on the command
 // line, checked by running the lesson's program (run_program): a run resumed in a new process, a
 // checkpoint of random bytes refused, a folder that does not exist refused.
 #pragma once

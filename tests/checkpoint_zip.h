@@ -1,6 +1,6 @@
 // checkpoint_zip.h defines: tag_storages_cuda, a checkpoint file (a zip of PyTorch's format)
 // copied with its tensors recorded as a GPU run records them, for the tests that load a GPU's
-// file on the CPU (lessons 10 and 13).
+// file on the CPU (lessons 10 and 14).
 #pragma once
 
 #include <caffe2/serialize/inline_container.h>  // defines: PyTorchStreamReader, PyTorchStreamWriter

@@ -1,7 +1,7 @@
 // Tests of what the course's programs promise on the command line, each program run as a learner
 // runs it (tests/program_run.h): --help exits 0 and a bad flag or device exits 2 (every lesson and
 // exercise), a lesson that reads Fashion-MNIST exits 2 with a HINT when the data is not there, one
-// that stops on Ctrl-C does so at the end of a step (exit 130, lessons 10 and 13 keeping their
+// that stops on Ctrl-C does so at the end of a step (exit 130, lessons 10 and 14 keeping their
 // last whole epoch), lessons 09 and 17 as real c10d jobs of processes on this host, started the
 // way torchrun starts ranks (its environment variables), so that CI needs no launcher, and the
 // tutorial's Python program on torchvision's dataset and on its own. The programs come from the

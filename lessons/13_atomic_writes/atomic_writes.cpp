@@ -57,7 +57,12 @@ torch::serialize::OutputArchive numbered_archive(torch::Tensor& payload, std::in
 std::int64_t check_saved_file(const std::string& path) {
   const course::TorchFile file = course::check_libtorch_archive(path, course::CrcCheck::kStructure);
   torch::serialize::InputArchive archive;
-  archive.load_from(file.bytes.data(), file.bytes.size());
+  try {
+    archive.load_from(file.bytes.data(), file.bytes.size());
+  } catch (const std::exception& e) {
+    throw CheckpointError(path + " is not a readable archive (" + course::error_message(e) + ")",
+                          course::kDamagedHint);
+  }
   const std::int64_t number = course::read_archive_int(archive, "number", path);
   torch::Tensor payload;
   if (!archive.try_read("payload", payload) || payload.numel() != kSaveBytes / 4 ||

@@ -34,12 +34,12 @@ void write_atomically(const std::string& path, const std::function<void(const Si
     throw CheckpointError("cannot write " + path + ": " + std::strerror(errno),
                           "check that the folder " + folder.string() + " exists and is writable");
   }
+  int error = 0;  // the sink never throws (LibTorch's zip writer calls it); it records the error
   // mkstemp's file is its owner's alone; give it a new file's mode: 0666 (read and write for all)
   // less the umask, which umask() reads only by replacing it (so it is put back at once).
   const mode_t mask = ::umask(0);
   ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);
-  int error = 0;  // the sink never throws (LibTorch's zip writer calls it); it records the error
+  if (::fchmod(fd, 0666 & ~mask) != 0) error = errno;
   const Sink sink = [&](const void* data, std::size_t size) -> std::size_t {
     const char* bytes = static_cast<const char*>(data);
     for (std::size_t done = 0; done < size && error == 0;) {
@@ -47,6 +47,7 @@ void write_atomically(const std::string& path, const std::function<void(const Si
       // errno; EINTR (a signal came) means "try again". ssize_t: a byte count that can be -1.
       const ssize_t n = ::write(fd, bytes + done, size - done);
       if (n < 0 && errno != EINTR) error = errno;
+      if (n == 0) error = EIO;  // wrote nothing and said no error: give up, not loop forever
       if (n > 0) done += static_cast<std::size_t>(n);
     }
     return error == 0 ? size : 0;
@@ -56,6 +57,8 @@ void write_atomically(const std::string& path, const std::function<void(const Si
     write(sink);
   } catch (const std::exception& e) {
     failure = course::error_message(e);
+  } catch (...) {  // whatever it threw, the temporary file is removed below
+    failure = "the writer failed";
   }
   // 1. os.fsync: the file's bytes on the disk, not only in the kernel's cache.
   if (error == 0 && failure.empty() && ::fsync(fd) != 0) error = errno;
@@ -68,16 +71,19 @@ void write_atomically(const std::string& path, const std::function<void(const Si
   if (error != 0 || !failure.empty()) {
     ::unlink(temporary.c_str());  // os.remove
     throw CheckpointError(
-        "saving " + path + " failed: " + (failure.empty() ? std::strerror(error) : failure),
+        "saving " + path + " failed: " + (error != 0 ? std::strerror(error) : failure),
         "free some disk space or save somewhere else; the previous file at " + path +
             " is untouched");
   }
   // 3. the folder, which records the rename, is flushed too: a power cut must not undo it
-  // (O_DIRECTORY: open it only if it is one; `dir` is declared for this `if` alone).
-  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY); dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
+  // (O_DIRECTORY: open it only if it is one). The new file is in place by now: a folder that
+  // cannot be flushed is said, not thrown.
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir < 0 || ::fsync(dir) != 0) {
+    std::fprintf(stderr, "note: %s is saved, but a power cut may undo it: %s\n", path.c_str(),
+                 std::strerror(errno));
   }
+  if (dir >= 0) ::close(dir);
 }
 //! [write-atomically]
 

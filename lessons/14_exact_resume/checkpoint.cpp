@@ -2,6 +2,7 @@
 #include "checkpoint.h"
 
 #include "common/generator.h"        // defines: rng_state, set_rng_state, generator_state_refusal
+#include "common/verdict.h"          // defines: error_message
 #include "torch_files/state_dict.h"  // defines: CheckpointError, checked_copies, tensor_crc32
 #include "write_atomically.h"        // defines: write_atomically (lessons/13_atomic_writes/)
 

@@ -168,7 +168,7 @@ TEST(Launch, LostJobExitsOneSayingSo) {
     course::Verdict verdict;
     verdict.check(true, "a claim that held");
     course::exit_lost_job(3, std::runtime_error("Connection closed by peer"), verdict,
-                          "lesson 101 rank 3");
+                          "lesson 99 rank 3");
   };
   EXPECT_EXIT(lose(), testing::ExitedWithCode(course::kExitFail),
               "error: rank 3 lost the job during training: Connection closed by peer");

@@ -462,7 +462,7 @@ class GpuPass(Scratch):
     def test_refusals(self):
         # Refused before anything runs: an unknown item or lesson, seconds that are not a number
         # or under 15, --only outside the run stages.
-        for stage, only in (("run", "lesson01:60 banana"), ("run", "lesson01:60 lesson101"),
+        for stage, only in (("run", "lesson01:60 banana"), ("run", "lesson01:60 lesson99"),
                             ("run", "lesson01:abc"), ("run", "lesson01:0"), ("all", "lesson01")):
             code, out = self.gpu_pass(self.path("bad"), "--device", "cpu", "--build-dir", BUILD,
                                       "--stage", stage, "--only", only)
