@@ -1,6 +1,6 @@
-// bench_profiler: what LibTorch's profiler costs (lesson 19). Lesson 05's step as lesson 19 writes
+// bench_profiler: what LibTorch's profiler costs (lesson 20). Lesson 05's step as lesson 20 writes
 // it (LibTorch's data loader, the batch moved to the device, .item() at every step, the named
-// ranges), in samples/s, with the profiler off and on (recording input shapes, as lesson 19
+// ranges), in samples/s, with the profiler off and on (recording input shapes, as lesson 20
 // does). One step per iteration; the step's .item() waits for the device, so the clock reads
 // finished work on a GPU too. The profile's own ending (sorting its events) is not timed.
 //
@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "bench.h"
-// Lesson 19 is one file with its own main(); the benchmark includes it for its functions.
+// Lesson 20 is one file with its own main(); the benchmark includes it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "profiling.cpp"
 
@@ -16,17 +16,17 @@ namespace {
 
 void profiled_step(benchmark::State& state, const torch::Device& device) {
   static const course::FashionMNIST train("", /*train=*/true);  // loaded once, as a lesson does
-  lesson19::TutorialLoop loop = lesson19::make_tutorial_loop(train, device);
-  lesson19::tutorial_steps(loop, lesson19::kWarmupSteps, device);
+  lesson20::TutorialLoop loop = lesson20::make_tutorial_loop(train, device);
+  lesson20::tutorial_steps(loop, lesson20::kWarmupSteps, device);
   const auto steps = [&] {
-    for (auto _ : state) lesson19::tutorial_steps(loop, 1, device);
+    for (auto _ : state) lesson20::tutorial_steps(loop, 1, device);
   };
   if (state.range(0) != 0) {
-    lesson19::profile(steps, device);  // every step under one profile, as the lesson's
+    lesson20::profile(steps, device);  // every step under one profile, as the lesson's
   } else {
     steps();
   }
-  state.SetItemsProcessed(state.iterations() * lesson19::kBatchSize);
+  state.SetItemsProcessed(state.iterations() * lesson20::kBatchSize);
 }
 
 void BM_ProfiledStepCpu(benchmark::State& state) { profiled_step(state, torch::kCPU); }

@@ -7,7 +7,7 @@
 // the GPU's thousands of lanes and bf16's tensor cores pay. On the GPU each step is timed twice:
 // eager (LibTorch's dispatcher launching each kernel from the host, as Python's eager mode does)
 // and graphed (BM_ScalingStepGraphedCuda: the same step captured once in a CUDA graph and
-// replayed, lessons 18 and 20's recipe), so that a figure says whether it measured the GPU or the
+// replayed, lessons 19 and 21's recipe), so that a figure says whether it measured the GPU or the
 // host's dispatch: where the two agree, the GPU's work is the step's time.
 // GPU timings synchronize before reading the clock.
 //
@@ -121,7 +121,7 @@ void scaling_step(benchmark::State& state, const c10::Device& device) {
 // The same step in one CUDA graph, replayed: warm-up steps on a side stream (cuBLAS's handles and
 // workspaces, the allocator's blocks: made before the capture, which must not make them), the
 // capture there, then one replay an iteration. Adam is LibTorch's fused Adam with its step counts
-// on the device (lesson 20's at::_fused_adam_), so that a replay takes the step a real one would,
+// on the device (lesson 21's at::_fused_adam_), so that a replay takes the step a real one would,
 // and the gradients are zeroed in place (a graph reads and writes fixed addresses). Autocast's
 // cache of 16-bit weights is off for the capture, as PyTorch advises for graphs.
 void scaling_step_graphed([[maybe_unused]] benchmark::State& state,

@@ -2,9 +2,9 @@
 // workers) beside each of lessons 11's and 12's faster forms, in samples per second: an epoch of
 // the tutorial's step fed by the pinned or the resident loader (batch sizes 64..4096; the pinned
 // loader also with 0, 1 and 2 worker threads), an epoch of the flat and of the manual form, and
-// (GPU) an epoch of lesson 18's step captured in a CUDA graph, at batch 64; the training step
-// alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 18's
-// step eager against captured in a CUDA graph (batch 64 and 1024); an epoch of lesson 20's fused
+// (GPU) an epoch of lesson 19's step captured in a CUDA graph, at batch 64; the training step
+// alone (the tutorial's against the flat one) on the CPU and the GPU; on the GPU also lesson 19's
+// step eager against captured in a CUDA graph (batch 64 and 1024); an epoch of lesson 21's fused
 // form, and (GPU) of its whole epoch in one CUDA graph; the CPU step with 1, 2, 4 and 16 LibTorch
 // threads (what more threads than cores cost).
 // GPU timings synchronize before reading the clock.
@@ -17,7 +17,7 @@
 #include "bench.h"
 #include "common/cli.h"  // defines: CpuThreads, available_cores
 #include "common/data.h"
-// Lessons 05, 11, 12, 18 and 20 are one file each with its own main(): their functions, without
+// Lessons 05, 11, 12, 19 and 21 are one file each with its own main(): their functions, without
 // the mains.
 #define GPU_LESSONS_NO_MAIN
 #include "cuda_graphs.cpp"
@@ -92,24 +92,24 @@ void BM_TrainStepCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) train_step(state, device);
 }
 
-// ---- lesson 18's step, with Adam's step count on the device: eager against a CUDA graph ---------
+// ---- lesson 19's step, with Adam's step count on the device: eager against a CUDA graph ---------
 // Both run the same kernels (DeviceAdam); the graph launches them all at once.
 void BM_DeviceAdamStepCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;
   const bool graphed = state.range(0) != 0;
   const std::int64_t batch = state.range(1);
-  course::ANN model = lesson18::seeded_model(device, lesson18::kSeed);
-  lesson18::DeviceAdam adam(model->parameters(), lesson18::kLearningRate);
-  lesson18::GraphedStep graph(model, adam, batch, device);
+  course::ANN model = lesson19::seeded_model(device, lesson19::kSeed);
+  lesson19::DeviceAdam adam(model->parameters(), lesson19::kLearningRate);
+  lesson19::GraphedStep graph(model, adam, batch, device);
   graph.images.copy_(torch::rand({batch, 784}));
   graph.labels.copy_(torch::randint(10, {batch}, torch::kLong));
   if (graphed) {
-    for (int i = 0; i <= lesson18::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
+    for (int i = 0; i <= lesson19::kGraphWarmupSteps; ++i) graph.step();  // warm up, capture
     bench::run_timed(state, device, [&] { graph.step(); });
   } else {
     bench::run_timed(state, device,
-                     [&] { lesson18::device_adam_step(model, adam, graph.images, graph.labels); });
+                     [&] { lesson19::device_adam_step(model, adam, graph.images, graph.labels); });
   }
   state.SetLabel(graphed ? "graphed" : "eager");
   state.SetItemsProcessed(state.iterations() * batch);
@@ -168,17 +168,17 @@ void BM_ManualEpochCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) flat_epoch(state, device, true);
 }
 
-// ---- one epoch of lesson 18's graphed step: its batches on the device, copied into the graph's --
+// ---- one epoch of lesson 19's graphed step: its batches on the device, copied into the graph's --
 // tensors and replayed (the full batches of 64 only: a graph has fixed shapes)
 void BM_GraphedEpochCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  const lesson18::Batches batches = lesson18::device_batches(*data, device, lesson18::kSeed);
-  course::ANN model = lesson18::seeded_model(device, lesson18::kSeed);
-  lesson18::DeviceAdam adam(model->parameters(), lesson18::kLearningRate);
-  lesson18::GraphedStep graph(model, adam, lesson18::kBatchSize, device);
+  const lesson19::Batches batches = lesson19::device_batches(*data, device, lesson19::kSeed);
+  course::ANN model = lesson19::seeded_model(device, lesson19::kSeed);
+  lesson19::DeviceAdam adam(model->parameters(), lesson19::kLearningRate);
+  lesson19::GraphedStep graph(model, adam, lesson19::kBatchSize, device);
   bench::run_timed(state, device, [&] {
     for (std::int64_t k = 0; k < batches.count(); ++k) {
       graph.images.copy_(batches.images_of(k));
@@ -187,26 +187,26 @@ void BM_GraphedEpochCuda(benchmark::State& state) {
     }
   });
   state.SetLabel("graphed");
-  state.SetItemsProcessed(state.iterations() * batches.count() * lesson18::kBatchSize);
+  state.SetItemsProcessed(state.iterations() * batches.count() * lesson19::kBatchSize);
 }
 
-// ---- one epoch of lesson 20's fused form, eager or its whole epoch in one CUDA graph
+// ---- one epoch of lesson 21's fused form, eager or its whole epoch in one CUDA graph
 // -------------
 void fused_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;
-  lesson20::FlatTrainer trainer = lesson20::make_flat_trainer(device, lesson20::kSeed);
-  lesson20::DeviceShuffler shuffler(*data, device);
-  lesson20::EpochData epoch(data->labels.size(0), lesson20::kBatchSize, device);
-  std::optional<lesson20::GraphedEpoch> graph;
-  const lesson20::Step step = [&](auto& x, auto& y, auto l) {
-    lesson20::fused_step(trainer, x, y, l);
+  lesson21::FlatTrainer trainer = lesson21::make_flat_trainer(device, lesson21::kSeed);
+  lesson21::DeviceShuffler shuffler(*data, device);
+  lesson21::EpochData epoch(data->labels.size(0), lesson21::kBatchSize, device);
+  std::optional<lesson21::GraphedEpoch> graph;
+  const lesson21::Step step = [&](auto& x, auto& y, auto l) {
+    lesson21::fused_step(trainer, x, y, l);
   };
   bench::run_timed(state, device, [&] {
     if (graphed) {
-      lesson20::graphed_epoch(shuffler, epoch, trainer, graph, device);
+      lesson21::graphed_epoch(shuffler, epoch, trainer, graph, device);
     } else {
-      lesson20::resident_epoch(shuffler, epoch, device, step);
+      lesson21::resident_epoch(shuffler, epoch, device, step);
     }
   });
   state.SetLabel(graphed ? "fused, graphed" : "fused");

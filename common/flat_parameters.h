@@ -1,5 +1,5 @@
 // flat_parameters.h defines: a module's parameters moved into one flat tensor, and their
-// gradients into another (lesson 12's "flat" step; lesson 19 profiles it).
+// gradients into another (lesson 12's "flat" step; lesson 20 profiles it).
 #pragma once
 
 #include <torch/nn/module.h>  // defines: torch::nn::Module

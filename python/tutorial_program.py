@@ -11,7 +11,7 @@ does, so that the C++ lessons can read what this program writes and the other wa
   python3 python/tutorial_program.py --epochs 1 --save model.pt
   build/bin/lesson10_checkpointing --from-python model.pt --to-python back.pt
   python3 python/tutorial_program.py --load back.pt
-  python3 python/tutorial_program.py --epochs 1 --export ann.pt2   # lesson 21 runs it from C++
+  python3 python/tutorial_program.py --epochs 1 --export ann.pt2   # lesson 22 runs it from C++
 
   --epochs N   epochs to train (the tutorial's 5)
   --limit N    train on the first N training images only (all 10,000 test images are scored)

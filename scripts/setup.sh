@@ -14,7 +14,7 @@
 #   auto    2.11's way with the installed PyTorch when python3 has torch >= 2; else, on a machine
 #           with an NVIDIA GPU, 2.11 (scripts/flavour.sh says why, first); else debian.
 # Both: cmake, g++, ninja, GoogleTest, Google Benchmark, CLI11, zlib, doxygen, Fashion-MNIST,
-# Gloo's headers, matplotlib (the benchmark charts and lesson 19's timeline pictures).
+# Gloo's headers, matplotlib (the benchmark charts and lesson 20's timeline pictures).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/flavour.sh"

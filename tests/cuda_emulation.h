@@ -1,4 +1,4 @@
-// cuda_emulation.h defines: what a cooperative CUDA kernel of the course's (lesson 22's
+// cuda_emulation.h defines: what a cooperative CUDA kernel of the course's (lesson 23's
 // epoch_kernel.cuh) needs to run on the CPU, so that its tests check its indexing and its
 // barriers on machines without a GPU: every CUDA thread a host thread with its own threadIdx and
 // blockIdx, a block's threads sharing its shared memory and __syncthreads(), a warp's 32 lanes

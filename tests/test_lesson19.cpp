@@ -1,125 +1,128 @@
-// Tests of lesson 19: what its profiles of lesson 05's and lesson 12's loops hold, its op table,
-// and its traces, with the lesson's own functions and constants.
+// Tests of lesson 19: DeviceAdam against LibTorch's Adam, and the graphed step against the eager
+// step (on a GPU), with the lesson's own functions and constants.
 #include <gtest/gtest.h>
-
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "common/temporary_folder.h"
+#include "common/compare.h"
+#include "cuda_graphs.cpp"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "profiling.cpp"
 
 namespace {
 
-constexpr int kTestSteps = 4;  // steps of each loop under the profiler
-
-// The first images of the training set: enough for the warm-up and the profiled steps.
-course::FashionMNIST first_images(const course::ImageSet& train) {
-  return course::FashionMNIST(
-      course::take(train, (lesson19::kWarmupSteps + kTestSteps) * lesson19::kBatchSize));
+// DeviceAdam and torch::optim::Adam fed the same gradients for `steps` steps, on `device`: the
+// largest difference between their parameters. The gradients come from no model: a tenth of them
+// exactly zero, the others of every size, independent of the parameters, so that any difference
+// comes from the two optimizers, not from training feeding it back.
+double device_adam_against_libtorch(const torch::Device& device, int steps) {
+  torch::manual_seed(21);
+  const auto on = torch::TensorOptions().device(device);
+  const torch::Tensor start = torch::randn({4096}, on) * 0.1;
+  torch::Tensor mine = start.clone().requires_grad_(), theirs = start.clone().requires_grad_();
+  lesson19::DeviceAdam device_adam({mine}, lesson19::kLearningRate);
+  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson19::kLearningRate));
+  for (int step = 0; step < steps; ++step) {
+    const torch::Tensor g = torch::randn({4096}, on) *
+                            torch::pow(10.0, torch::randint(-6, 1, {4096}, on)) *
+                            (torch::rand({4096}, on) > 0.1);
+    mine.mutable_grad() = g.clone();
+    theirs.mutable_grad() = g.clone();
+    device_adam.step();
+    adam.step();
+  }
+  const auto& state =
+      static_cast<const torch::optim::AdamParamState&>(*adam.state().begin()->second);
+  EXPECT_EQ(state.step(), steps);
+  EXPECT_EQ(device_adam.steps().item<double>(), steps);
+  return course::max_abs_diff(mine, theirs);
 }
 
-// The two loops' profiles on the CPU, made once for the tests that read them (each profile runs
-// the warm-up and the profiled steps of both loops).
-const lesson19::Profiles& cpu_profiles(const course::ImageSet& train) {
-  static const lesson19::Profiles profiles =
-      lesson19::profile_loops(first_images(train), kTestSteps, torch::kCPU);
-  return profiles;
+// `steps` batches of random images and labels, on `device`.
+lesson19::Batches random_batches(std::int64_t steps, const torch::Device& device) {
+  torch::manual_seed(2);
+  const auto on = torch::TensorOptions().device(device);
+  return {torch::rand({steps * lesson19::kBatchSize, 784}, on),
+          torch::randint(10, {steps * lesson19::kBatchSize}, on.dtype(torch::kLong))};
 }
 
 }  // namespace
 
-class ProfileTest : public FashionMnistTest {};
+// Tests that Adam with its step count and bias corrections on the device takes the same 1,000
+// steps as LibTorch's Adam: parameters within 1e-6 (they move by up to 1 in all; each step may
+// round its last bit differently, since the device version folds lr / bias1 into the divisor).
+TEST(DeviceAdam, SameStepsAsLibTorchsAdamOnCpu) {
+  EXPECT_LE(device_adam_against_libtorch(torch::kCPU, 1000), 1e-6);
+}
 
-// Tests that a profile of N steps holds N ranges of each part, in both loops.
-TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
-  const auto& profiles = cpu_profiles(train());
-  for (const auto* result : {profiles.tutorial.get(), profiles.fast.get()}) {
-    const lesson19::LoopFacts facts = lesson19::facts_of(lesson19::events_of(*result));
-    for (const std::string& part : lesson19::kParts) EXPECT_EQ(facts.ranges.at(part), kTestSteps);
+// Tests that DeviceAdam's zero_grad() zeroes each gradient where it lies (the addresses a graph
+// reads), where LibTorch 2.x's optimizer.zero_grad() would set it to none.
+TEST(DeviceAdam, ZeroGradKeepsEachGradientInPlace) {
+  course::ANN model;
+  lesson19::DeviceAdam adam(model->parameters(), lesson19::kLearningRate);
+  model->forward(torch::rand({4, 784})).sum().backward();
+  std::vector<const void*> before;
+  for (const auto& p : model->parameters()) before.push_back(p.grad().data_ptr());
+  adam.zero_grad();
+  const auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined());
+    EXPECT_EQ(params[i].grad().data_ptr(), before[i]);
+    EXPECT_EQ(params[i].grad().abs().sum().item<double>(), 0.0);
   }
 }
 
-// Tests the counts the page states for the CPU: one .item() per step in lesson 05's loop and none
-// in lesson 12's; lesson 05's loop calls .to(device) on each batch of images, which copies
-// nothing on the CPU; Adam's last operator once per parameter tensor against once.
-TEST_F(ProfileTest, CountsOnTheCpu) {
-  const auto& profiles = cpu_profiles(train());
-  const auto t = lesson19::facts_of(lesson19::events_of(*profiles.tutorial));
-  const auto f = lesson19::facts_of(lesson19::events_of(*profiles.fast));
-  EXPECT_EQ(t.item_reads, kTestSteps);
-  EXPECT_EQ(f.item_reads, 0);
-  EXPECT_EQ(t.image_moves, kTestSteps);
-  EXPECT_EQ(f.image_moves, 0);
-  EXPECT_EQ(t.image_copies, 0);
-  EXPECT_EQ(t.host_to_device + f.host_to_device, 0);  // no device, no copies to it
-  EXPECT_EQ(profiles.parameter_tensors, 6);
-  EXPECT_EQ(t.adam_updates, 6 * kTestSteps);
-  EXPECT_EQ(f.adam_updates, kTestSteps);
-  EXPECT_GT(t.operators, f.operators);  // per-parameter Adam and the loader's work
+// Tests the lesson's first check on random batches: DeviceAdam trains as LibTorch's Adam, within
+// the lesson's tolerance.
+TEST(DeviceAdam, TrainsAsLibTorchsAdam) {
+  const lesson19::Batches batches = random_batches(20, torch::kCPU);
+  EXPECT_LE(lesson19::device_adam_vs_libtorch(batches, 60, torch::kCPU, lesson19::kSeed),
+            lesson19::kAdamTolerance);
+}
+
+// Tests that a CUDA graph needs a CUDA device: a clear error, not a crash.
+TEST(GraphedStep, NeedsCuda) {
+  course::ANN model;
+  lesson19::DeviceAdam adam(model->parameters(), lesson19::kLearningRate);
+  EXPECT_THROW(lesson19::GraphedStep(model, adam, 64, torch::kCPU), course::CourseError);
+}
+
+// Tests the lesson's run on the CPU with the real data: its checks pass, and the graph says it
+// was skipped rather than failing.
+TEST_F(FashionMnistTest, LessonPassesOnCpu) {
   course::Verdict verdict;
-  lesson19::check_profile(t, f, kTestSteps, profiles.parameter_tensors, torch::kCPU, verdict);
-  EXPECT_EQ(verdict.finish("test"), 0);
+  lesson19::run_lesson(course::take(train(), 5000), lesson19::kQuickSteps, torch::kCPU,
+                       lesson19::kSeed, verdict);
+  EXPECT_TRUE(verdict.passed());
+  EXPECT_EQ(verdict.checks(), 1);  // DeviceAdam's; the graph's needs CUDA
 }
 
-// Tests that the check fails where the lab's starter leaves a part without its range.
-TEST(CheckProfile, AMissingRangeFails) {
-  lesson19::LoopFacts t, f;
-  for (const std::string& part : lesson19::kParts) t.ranges[part] = f.ranges[part] = 2;
-  t.ranges["backward"] = 0;
-  t.item_reads = 2;
-  t.image_moves = 2;
-  t.adam_updates = 12;
-  f.adam_updates = 2;
-  course::Verdict verdict;
-  lesson19::check_profile(t, f, 2, 6, torch::kCPU, verdict);
-  EXPECT_EQ(verdict.finish("test"), 1);
+// Tests DeviceAdam against LibTorch's Adam on the GPU too.
+TEST_F(CudaTest, DeviceAdamSameStepsAsLibTorchsAdam) {
+  EXPECT_LE(device_adam_against_libtorch(device, 1000), 1e-6);
 }
 
-// Tests the names of the two trace files that --trace FILE writes.
-TEST(TraceFile, OnePerLoop) {
-  EXPECT_EQ(lesson19::trace_file("out/trace.json", "lesson05"), "out/trace-lesson05.json");
-  EXPECT_EQ(lesson19::trace_file("trace", "lesson12"), "trace-lesson12.json");
+// Tests the graphed step: captured after its warm-up, and its losses equal the eager step's on
+// the same batches over many steps (a host number frozen at capture would show within a few).
+TEST_F(CudaTest, GraphedStepEqualsEagerStep) {
+  const lesson19::Batches batches = random_batches(50, device);
+  EXPECT_LE(lesson19::graphed_vs_eager(batches, lesson19::kSteps, device, lesson19::kSeed),
+            lesson19::kGraphTolerance);
 }
 
-// Tests that the traces are written, and hold each step's ranges as trace events.
-TEST_F(ProfileTest, TraceHoldsTheRanges) {
-  const auto& profiles = cpu_profiles(train());
-  course::TemporaryFolder folder("lesson19");
-  const std::string file = (folder.path() / "trace.json").string();
-  lesson19::save_chrome_trace(*profiles.tutorial, file);
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string json = text.str();
-  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
-  std::size_t forwards = 0;
-  for (auto at = json.find("\"forward\""); at != std::string::npos;
-       at = json.find("\"forward\"", at + 1))
-    ++forwards;
-  EXPECT_EQ(forwards, static_cast<std::size_t>(kTestSteps));
-}
-
-class ProfileCudaTest : public CudaTest {};
-
-// Tests the copies on a GPU: lesson 05's loop copies each batch to the device (features and
-// labels: at least two copies a step), lesson 12's copies none; its ranges and reads as on the CPU.
-TEST_F(ProfileCudaTest, LessonFivesLoopCopiesEachBatchLessonElevensNone) {
-  std::string why;
-  const FashionMnistSplits* data = fashion_mnist(&why);
-  if (data == nullptr) GTEST_SKIP() << why;
-  const auto profiles = lesson19::profile_loops(first_images(data->train), kTestSteps, device);
-  const auto t = lesson19::facts_of(lesson19::events_of(*profiles.tutorial));
-  const auto f = lesson19::facts_of(lesson19::events_of(*profiles.fast));
-  EXPECT_GE(t.host_to_device, 2 * kTestSteps);
-  EXPECT_EQ(f.host_to_device, 0);
-  EXPECT_EQ(t.item_reads, kTestSteps);
-  EXPECT_EQ(f.item_reads, 0);
-  course::Verdict verdict;
-  lesson19::check_profile(t, f, kTestSteps, profiles.parameter_tensors, device, verdict);
-  EXPECT_EQ(verdict.finish("test"), 0);
+// Tests that replays train: the step count on the device counts every replay, and the loss falls.
+TEST_F(CudaTest, ReplaysCountAndTrain) {
+  const lesson19::Batches batches = random_batches(8, device);
+  course::ANN model;
+  model->to(device);
+  lesson19::DeviceAdam adam(model->parameters(), lesson19::kLearningRate);
+  lesson19::GraphedStep graph(model, adam, lesson19::kBatchSize, device);
+  graph.images.copy_(batches.images_of(0));
+  graph.labels.copy_(batches.labels_of(0));
+  graph.step();
+  const double first = graph.loss.item<double>();
+  for (int i = 1; i < 100; ++i) graph.step();
+  EXPECT_TRUE(graph.captured());
+  EXPECT_EQ(adam.steps().item<double>(), 100);
+  EXPECT_LT(graph.loss.item<double>(), first);
 }

@@ -1,181 +1,125 @@
-// Tests of lesson 20: each faster form against the form before it, the shuffle on the device, the
-// fused step's operators, and the graphed epoch (on a GPU), with the lesson's own functions and
-// constants.
+// Tests of lesson 20: what its profiles of lesson 05's and lesson 12's loops hold, its op table,
+// and its traces, with the lesson's own functions and constants.
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "common/compare.h"
+#include "common/temporary_folder.h"
 #include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "fastest_epoch.cpp"
+#include "profiling.cpp"
 
 namespace {
 
-// `samples` random images and labels, as a training split.
-course::ImageSet random_images(std::int64_t samples) {
-  torch::manual_seed(3);
-  return {torch::rand({samples, 28, 28}), torch::randint(10, {samples}, torch::kLong)};
+constexpr int kTestSteps = 4;  // steps of each loop under the profiler
+
+// The first images of the training set: enough for the warm-up and the profiled steps.
+course::FashionMNIST first_images(const course::ImageSet& train) {
+  return course::FashionMNIST(
+      course::take(train, (lesson20::kWarmupSteps + kTestSteps) * lesson20::kBatchSize));
 }
 
-// `steps` batches of `data` in one shuffled order, on the CPU.
-lesson20::EpochData shuffled_batches(const course::ImageSet& data, int steps) {
-  lesson20::DeviceShuffler shuffler(data, torch::kCPU);
-  lesson20::EpochData batches(steps * lesson20::kBatchSize, lesson20::kBatchSize, torch::kCPU);
-  shuffler.shuffle(batches);
-  return batches;
-}
-
-// `step` on each of `batches`; each step's loss.
-torch::Tensor train_steps(lesson20::EpochData& batches, const lesson20::Step& step) {
-  for (std::int64_t k = 0; k < batches.steps(); ++k)
-    step(batches.batch_images[k], batches.batch_labels[k], batches.loss_slots[k]);
-  return batches.losses.clone();
+// The two loops' profiles on the CPU, made once for the tests that read them (each profile runs
+// the warm-up and the profiled steps of both loops).
+const lesson20::Profiles& cpu_profiles(const course::ImageSet& train) {
+  static const lesson20::Profiles profiles =
+      lesson20::profile_loops(first_images(train), kTestSteps, torch::kCPU);
+  return profiles;
 }
 
 }  // namespace
 
-// Tests that an epoch's batches are slices of 64 covering every sample once, the last one smaller,
-// each with a slot for its loss.
-TEST(EpochData, SlicesOfTheBatchSizeAndASmallerLastOne) {
-  lesson20::EpochData epoch(150, 64, torch::kCPU);
-  ASSERT_EQ(epoch.steps(), 3);
-  EXPECT_EQ(epoch.batch_images[0].size(0), 64);
-  EXPECT_EQ(epoch.batch_images[2].size(0), 22);
-  EXPECT_EQ(epoch.batch_labels[2].size(0), 22);
-  EXPECT_EQ(epoch.losses.size(0), 3);
-  // Views into the epoch's own tensors: a shuffle into them is what each step reads.
-  EXPECT_EQ(epoch.batch_images[1].data_ptr(), epoch.images[64].data_ptr());
-  EXPECT_EQ(epoch.loss_slots[2].data_ptr(), epoch.losses[2].data_ptr());
-}
+class ProfileTest : public FashionMnistTest {};
 
-// Tests that the shuffle draws as LibTorch's RandomSampler does (an order as it is made, another
-// per epoch, from the global generator), so that on the CPU the resident form sees lesson 05's
-// batches; and that it writes every sample once.
-TEST(DeviceShuffler, DrawsTheSamplersOrdersAndKeepsEverySample) {
-  const course::ImageSet data = random_images(200);
-  torch::manual_seed(11);
-  lesson20::DeviceShuffler shuffler(data, torch::kCPU);
-  lesson20::EpochData epoch(200, 64, torch::kCPU);
-  shuffler.shuffle(epoch);
-  torch::manual_seed(11);
-  torch::randperm(200, torch::kLong);  // the sampler's order as it is made
-  const torch::Tensor order = torch::randperm(200, torch::kLong);  // and the first epoch's
-  EXPECT_TRUE(torch::equal(epoch.labels, data.labels.index_select(0, order)));
-  EXPECT_TRUE(torch::equal(epoch.images, data.images.reshape({-1, 784}).index_select(0, order)));
-}
-
-// Tests that the fused step trains as the tutorial's step on the same batches, within the lesson's
-// tolerance.
-TEST(Forms, FusedTrainsAsTheTutorial) {
-  lesson20::EpochData batches = shuffled_batches(random_images(640), 10);
-  lesson20::Trainer tutorial = lesson20::make_trainer(torch::kCPU, lesson20::kSeed);
-  lesson20::FlatTrainer fused = lesson20::make_flat_trainer(torch::kCPU, lesson20::kSeed);
-  const torch::Tensor expected = train_steps(
-      batches, [&](auto& x, auto& y, auto l) { lesson20::tutorial_step(tutorial, x, y, l); });
-  const torch::Tensor by_fused =
-      train_steps(batches, [&](auto& x, auto& y, auto l) { lesson20::fused_step(fused, x, y, l); });
-  EXPECT_LE(lesson20::relative_difference(by_fused, expected), lesson20::kStepTolerance);
-}
-
-// Tests that the fused step computes autograd's loss and gradients, on a batch of another size too
-// (an epoch's last: buffers of its own). Gradients, not parameters: Adam's first step moves each
-// parameter by about lr whatever its gradient's size, so a gradient near zero rounded otherwise
-// may move its parameter otherwise.
-TEST(Forms, FusedStepGivesAutogradsGradientsOnASmallerBatch) {
-  lesson20::Trainer tutorial = lesson20::make_trainer(torch::kCPU, lesson20::kSeed);
-  lesson20::FlatTrainer fused = lesson20::make_flat_trainer(torch::kCPU, lesson20::kSeed);
-  const torch::Tensor x = torch::rand({22, 784}), y = torch::randint(10, {22}, torch::kLong);
-  torch::Tensor expected = torch::zeros({}), got = torch::zeros({});
-  lesson20::tutorial_step(tutorial, x, y, expected);
-  lesson20::fused_step(fused, x, y, got);
-  EXPECT_EQ(fused.buffers.count(22), 1u);
-  EXPECT_NEAR(got.item<double>(), expected.item<double>(), 1e-6);
-  std::vector<torch::Tensor> grads;  // autograd's, in the flat tensor's order (parameters())
-  for (const auto& p : tutorial.model->parameters()) grads.push_back(p.grad().flatten());
-  EXPECT_LE(course::max_abs_diff(fused.flat.gradients, torch::cat(grads)), 1e-6);
-}
-
-// Tests what the fused form is for: fewer operators per step than the tutorial's step (counted by
-// the lesson's own function).
-TEST(Forms, FusedStepDispatchesFewerOperators) {
-  const course::ImageSet data = random_images(128);
-  const long long tutorial = lesson20::operators_per_step("resident", data, torch::kCPU, 1);
-  const long long fused = lesson20::operators_per_step("fused", data, torch::kCPU, 1);
-  EXPECT_LT(fused, tutorial / 2);
-}
-
-// Tests that the fused form uses LibTorch's fused Adam where this LibTorch has it for the CPU
-// (2.4 and later), and that its step is LibTorch's Adam: 200 steps on gradients from no model.
-TEST(FusedAdam, SameStepsAsLibTorchsAdam) {
-  if (!lesson20::has_fused_adam(torch::kCPU)) GTEST_SKIP() << "this LibTorch has no CPU fused Adam";
-  lesson20::FlatTrainer fused = lesson20::make_flat_trainer(torch::kCPU, lesson20::kSeed);
-  torch::Tensor theirs = fused.flat.values.detach().clone().requires_grad_();
-  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson20::kLearningRate));
-  torch::manual_seed(4);
-  for (int i = 0; i < 200; ++i) {
-    const torch::Tensor g = torch::randn_like(theirs) * 0.1;
-    fused.flat.gradients.copy_(g);
-    theirs.mutable_grad() = g.clone();
-    fused.step.add_(1);
-    at::_fused_adam_({fused.flat.values}, {fused.flat.gradients}, {fused.exp_avg},
-                     {fused.exp_avg_sq}, {}, {fused.step}, lesson20::kLearningRate,
-                     lesson20::kBeta1, lesson20::kBeta2, 0, lesson20::kEpsilon, false, false);
-    adam.step();
-  }
-  EXPECT_EQ(fused.step.item<double>(), 200);
-  EXPECT_LE(course::max_abs_diff(fused.flat.values, theirs), 1e-6);
-}
-
-// Tests that a graph asked for on the CPU is a clear error naming the fix.
-TEST(GraphedEpoch, OnTheCpuSaysItNeedsCuda) {
-  lesson20::FlatTrainer trainer = lesson20::make_flat_trainer(torch::kCPU, 1);
-  lesson20::EpochData epoch(64, 64, torch::kCPU);
-  try {
-    lesson20::GraphedEpoch graph(trainer, epoch, lesson20::fused_step);
-    FAIL() << "no error";
-  } catch (const course::CourseError& error) {
-    EXPECT_NE(std::string(error.what()).find("needs a CUDA device"), std::string::npos);
-    EXPECT_NE(error.hint().find("--device cuda"), std::string::npos);
+// Tests that a profile of N steps holds N ranges of each part, in both loops.
+TEST_F(ProfileTest, NStepsHoldNRangesOfEachPart) {
+  const auto& profiles = cpu_profiles(train());
+  for (const auto* result : {profiles.tutorial.get(), profiles.fast.get()}) {
+    const lesson20::LoopFacts facts = lesson20::facts_of(lesson20::events_of(*result));
+    for (const std::string& part : lesson20::kParts) EXPECT_EQ(facts.ranges.at(part), kTestSteps);
   }
 }
 
-// Tests the lesson's checks on the real data: each form's losses equal the form before it's.
-class FormsOnFashionMnist : public FashionMnistTest {};
-TEST_F(FormsOnFashionMnist, EachFormTrainsAsTheOneBefore) {
-  const auto losses = lesson20::losses_on_same_batches(train(), 20, torch::kCPU, lesson20::kSeed);
-  EXPECT_EQ(losses.count("graphed"), 0u);  // on the CPU: no graph
-  EXPECT_LE(lesson20::relative_difference(losses.at("fused"), losses.at("tutorial")),
-            lesson20::kStepTolerance);
+// Tests the counts the page states for the CPU: one .item() per step in lesson 05's loop and none
+// in lesson 12's; lesson 05's loop calls .to(device) on each batch of images, which copies
+// nothing on the CPU; Adam's last operator once per parameter tensor against once.
+TEST_F(ProfileTest, CountsOnTheCpu) {
+  const auto& profiles = cpu_profiles(train());
+  const auto t = lesson20::facts_of(lesson20::events_of(*profiles.tutorial));
+  const auto f = lesson20::facts_of(lesson20::events_of(*profiles.fast));
+  EXPECT_EQ(t.item_reads, kTestSteps);
+  EXPECT_EQ(f.item_reads, 0);
+  EXPECT_EQ(t.image_moves, kTestSteps);
+  EXPECT_EQ(f.image_moves, 0);
+  EXPECT_EQ(t.image_copies, 0);
+  EXPECT_EQ(t.host_to_device + f.host_to_device, 0);  // no device, no copies to it
+  EXPECT_EQ(profiles.parameter_tensors, 6);
+  EXPECT_EQ(t.adam_updates, 6 * kTestSteps);
+  EXPECT_EQ(f.adam_updates, kTestSteps);
+  EXPECT_GT(t.operators, f.operators);  // per-parameter Adam and the loader's work
+  course::Verdict verdict;
+  lesson20::check_profile(t, f, kTestSteps, profiles.parameter_tensors, torch::kCPU, verdict);
+  EXPECT_EQ(verdict.finish("test"), 0);
 }
 
-// Tests, on a GPU, that the graphed epoch trains as the fused step run eagerly, and that a second
-// replay carries on from the first (the step count and the moments on the device), as a second
-// eager pass over the same batches does; and that the graph's kernels were counted.
-class GraphedOnCuda : public CudaTest {};
-TEST_F(GraphedOnCuda, GraphedEpochTrainsAsTheFusedStep) {
-  const course::ImageSet data = random_images(64 * 30);
-  double kernels = 0;
-  const auto losses = lesson20::losses_on_same_batches(data, 30, device, lesson20::kSeed, &kernels);
-  ASSERT_EQ(losses.count("graphed"), 1u);
-  EXPECT_LE(lesson20::relative_difference(losses.at("graphed"), losses.at("fused")),
-            lesson20::kStepTolerance);
-  EXPECT_GE(kernels, 10);  // about twenty kernels a step (LibTorch 2.8 and later count them)
-  lesson20::DeviceShuffler shuffler(data, device);
-  lesson20::EpochData epoch(64 * 30, 64, device);
-  shuffler.shuffle(epoch);
-  lesson20::FlatTrainer eager = lesson20::make_flat_trainer(device, lesson20::kSeed);
-  lesson20::FlatTrainer graphed = lesson20::make_flat_trainer(device, lesson20::kSeed);
-  lesson20::GraphedEpoch graph(graphed, epoch, lesson20::fused_step);  // warm-up: state put back
-  for (int pass = 0; pass < 2; ++pass) {
-    graph.replay();
-    const torch::Tensor by_graph = epoch.losses.clone();
-    for (std::int64_t k = 0; k < epoch.steps(); ++k)
-      lesson20::fused_step(eager, epoch.batch_images[k], epoch.batch_labels[k],
-                           epoch.loss_slots[k]);
-    EXPECT_LE(lesson20::relative_difference(by_graph, epoch.losses), lesson20::kStepTolerance)
-        << "pass " << pass;
-  }
-  EXPECT_EQ(graphed.step.item<double>(), 60);
-  EXPECT_EQ(eager.step.item<double>(), 60);
+// Tests that the check fails where the lab's starter leaves a part without its range.
+TEST(CheckProfile, AMissingRangeFails) {
+  lesson20::LoopFacts t, f;
+  for (const std::string& part : lesson20::kParts) t.ranges[part] = f.ranges[part] = 2;
+  t.ranges["backward"] = 0;
+  t.item_reads = 2;
+  t.image_moves = 2;
+  t.adam_updates = 12;
+  f.adam_updates = 2;
+  course::Verdict verdict;
+  lesson20::check_profile(t, f, 2, 6, torch::kCPU, verdict);
+  EXPECT_EQ(verdict.finish("test"), 1);
+}
+
+// Tests the names of the two trace files that --trace FILE writes.
+TEST(TraceFile, OnePerLoop) {
+  EXPECT_EQ(lesson20::trace_file("out/trace.json", "lesson05"), "out/trace-lesson05.json");
+  EXPECT_EQ(lesson20::trace_file("trace", "lesson12"), "trace-lesson12.json");
+}
+
+// Tests that the traces are written, and hold each step's ranges as trace events.
+TEST_F(ProfileTest, TraceHoldsTheRanges) {
+  const auto& profiles = cpu_profiles(train());
+  course::TemporaryFolder folder("lesson20");
+  const std::string file = (folder.path() / "trace.json").string();
+  lesson20::save_chrome_trace(*profiles.tutorial, file);
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  EXPECT_NE(json.find("\"traceEvents\""), std::string::npos);
+  std::size_t forwards = 0;
+  for (auto at = json.find("\"forward\""); at != std::string::npos;
+       at = json.find("\"forward\"", at + 1))
+    ++forwards;
+  EXPECT_EQ(forwards, static_cast<std::size_t>(kTestSteps));
+}
+
+class ProfileCudaTest : public CudaTest {};
+
+// Tests the copies on a GPU: lesson 05's loop copies each batch to the device (features and
+// labels: at least two copies a step), lesson 12's copies none; its ranges and reads as on the CPU.
+TEST_F(ProfileCudaTest, LessonFivesLoopCopiesEachBatchLessonElevensNone) {
+  std::string why;
+  const FashionMnistSplits* data = fashion_mnist(&why);
+  if (data == nullptr) GTEST_SKIP() << why;
+  const auto profiles = lesson20::profile_loops(first_images(data->train), kTestSteps, device);
+  const auto t = lesson20::facts_of(lesson20::events_of(*profiles.tutorial));
+  const auto f = lesson20::facts_of(lesson20::events_of(*profiles.fast));
+  EXPECT_GE(t.host_to_device, 2 * kTestSteps);
+  EXPECT_EQ(f.host_to_device, 0);
+  EXPECT_EQ(t.item_reads, kTestSteps);
+  EXPECT_EQ(f.item_reads, 0);
+  course::Verdict verdict;
+  lesson20::check_profile(t, f, kTestSteps, profiles.parameter_tensors, device, verdict);
+  EXPECT_EQ(verdict.finish("test"), 0);
 }

@@ -1,226 +1,181 @@
-// Tests of lesson 21: packages that Python really compiled (the tutorial's program with --export,
-// and a script of its own that knows nothing of the course), loaded with the lesson's Package and
-// held against the eager ANN and Python's accuracy; each bad input a CourseError; on a LibTorch
-// without AOTInductor, the lesson waived.
+// Tests of lesson 21: each faster form against the form before it, the shuffle on the device, the
+// fused step's operators, and the graphed epoch (on a GPU), with the lesson's own functions and
+// constants.
 #include <gtest/gtest.h>
-
-#include <fstream>
-#include <regex>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "aot_inductor.cpp"
-#include "common/temporary_folder.h"
+#include "common/compare.h"
+#include "cuda_test.h"
 #include "fashion_mnist_test.h"
-#include "program_run.h"
+#include "fastest_epoch.cpp"
 
-#ifdef LESSON21_WITH_AOTI
 namespace {
 
-// The packages, made once for all the tests in the build's packages/ folder (CTest makes them
-// first: the lesson's smoke run makes its own, tests/CMakeLists.txt runs the script): the lesson's
-// own (the tutorial's program, --quick) and the two of tests/lesson21_packages.py, with the test
-// accuracy that script printed for its weights. A test binary run by itself makes what is missing.
-class Lesson21 : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (lesson21::python().empty() || fashion_mnist(nullptr) == nullptr) return;
-    const std::filesystem::path folder = LESSON21_PACKAGES_DIR;
-    try {
-      made_ = new lesson21::Made(lesson21::make_package(folder, torch::kCPU, true, false));
-    } catch (const course::CourseError& e) {
-      why_ = e.what();
-      return;
-    }
-    elsewhere_ = (folder / "elsewhere").string();
-    if (!std::filesystem::exists(elsewhere("accuracy.txt"))) {
-      std::filesystem::create_directories(elsewhere_);
-      course::ChildProcess script({lesson21::python(), LESSON21_PACKAGES_SCRIPT, elsewhere_}, {},
-                                  false);
-      script.read_rest();
-      script.wait_for(std::chrono::minutes(10));
-    }
-    std::ifstream said(elsewhere("accuracy.txt"));  // "Test Accuracy: 0.xxxx", as Python printed it
-    std::string line;
-    std::smatch m;
-    if (std::getline(said, line) &&
-        std::regex_match(line, m, std::regex("^Test Accuracy: ([0-9.]+)$")))
-      elsewhere_accuracy_ = std::stod(m[1]);
-    script_ok_ = elsewhere_accuracy_ > 0 && std::filesystem::exists(elsewhere("batch64.pt2"));
-    if (!script_ok_) why_ = "tests/lesson21_packages.py made no packages in " + elsewhere_;
-  }
-  static void TearDownTestSuite() { delete made_; }
-  void SetUp() override {
-    std::string why;
-    if (fashion_mnist(&why) == nullptr) GTEST_SKIP() << why;
-    if (lesson21::python().empty()) GTEST_SKIP() << "no Python with this LibTorch's torch";
-    ASSERT_TRUE(script_ok_) << why_;
-  }
-  static const course::ImageSet& test_set() { return fashion_mnist(nullptr)->test; }
-  static std::string elsewhere(const char* name) { return elsewhere_ + "/" + name; }
+// `samples` random images and labels, as a training split.
+course::ImageSet random_images(std::int64_t samples) {
+  torch::manual_seed(3);
+  return {torch::rand({samples, 28, 28}), torch::randint(10, {samples}, torch::kLong)};
+}
 
-  static std::string elsewhere_;
-  static lesson21::Made* made_;
-  static double elsewhere_accuracy_;
-  static bool script_ok_;
-  static std::string why_;
-};
-std::string Lesson21::elsewhere_;
-lesson21::Made* Lesson21::made_ = nullptr;
-double Lesson21::elsewhere_accuracy_ = -1;
-bool Lesson21::script_ok_ = false;
-std::string Lesson21::why_;
+// `steps` batches of `data` in one shuffled order, on the CPU.
+lesson21::EpochData shuffled_batches(const course::ImageSet& data, int steps) {
+  lesson21::DeviceShuffler shuffler(data, torch::kCPU);
+  lesson21::EpochData batches(steps * lesson21::kBatchSize, lesson21::kBatchSize, torch::kCPU);
+  shuffler.shuffle(batches);
+  return batches;
+}
 
-// The package's logits on `device` for the whole test set, in the tutorial's batches.
-torch::Tensor package_logits(lesson21::Package& package, const course::ImageSet& test) {
-  torch::NoGradGuard no_grad;
-  return lesson21::in_batches([&](const torch::Tensor& x) { return package.logits(x); },
-                              test.images, lesson21::kBatchSize);
+// `step` on each of `batches`; each step's loss.
+torch::Tensor train_steps(lesson21::EpochData& batches, const lesson21::Step& step) {
+  for (std::int64_t k = 0; k < batches.steps(); ++k)
+    step(batches.batch_images[k], batches.batch_labels[k], batches.loss_slots[k]);
+  return batches.losses.clone();
 }
 
 }  // namespace
 
-// Tests that the package Python compiled computes what its weights compute in lesson 05's ANN,
-// loaded from the state_dict saved beside it (lesson 10's route), and that its accuracy is the
-// one Python printed and kept in the package's metadata.
-TEST_F(Lesson21, PackageComputesTheEagerANNsLogitsAndPythonsAccuracy) {
-  lesson21::Package package(made_->package, torch::kCPU);
-  const auto logits = package_logits(package, test_set());
-  auto eager = lesson21::eager_model(made_->state_dict, torch::kCPU);
-  torch::NoGradGuard no_grad;
-  const auto eager_logits = eager->forward(test_set().images.unsqueeze(1));
-  const auto a = lesson21::compare(logits, eager_logits);
-  EXPECT_LE(a.rel_diff, course::tolerance_for(torch::kFloat));
-  EXPECT_EQ(a.unexplained, 0);
-  ASSERT_FALSE(package.metadata("test_accuracy").empty());
-  EXPECT_NEAR(lesson21::accuracy(logits, test_set().labels),
-              std::stod(package.metadata("test_accuracy")), 0.5e-4 + 1e-4);
-  EXPECT_EQ(package.metadata("AOTI_DEVICE_KEY"), "cpu");
-  EXPECT_EQ(package.metadata("AOTI_MACHINE"), "x86_64");  // what it was compiled for
-  EXPECT_FALSE(package.metadata("AOTI_CPU_ISA").empty());
-  // What the zip holds: the generated C++ and the library compiled from it (the weights inside).
-  caffe2::serialize::PyTorchStreamReader zip(made_->package);
-  int sources = 0, libraries = 0;
-  for (const auto& name : zip.getAllRecords()) {
-    sources += name.size() > 12 && name.compare(name.size() - 12, 12, ".wrapper.cpp") == 0;
-    libraries += name.size() > 11 && name.compare(name.size() - 11, 11, ".wrapper.so") == 0;
+// Tests that an epoch's batches are slices of 64 covering every sample once, the last one smaller,
+// each with a slot for its loss.
+TEST(EpochData, SlicesOfTheBatchSizeAndASmallerLastOne) {
+  lesson21::EpochData epoch(150, 64, torch::kCPU);
+  ASSERT_EQ(epoch.steps(), 3);
+  EXPECT_EQ(epoch.batch_images[0].size(0), 64);
+  EXPECT_EQ(epoch.batch_images[2].size(0), 22);
+  EXPECT_EQ(epoch.batch_labels[2].size(0), 22);
+  EXPECT_EQ(epoch.losses.size(0), 3);
+  // Views into the epoch's own tensors: a shuffle into them is what each step reads.
+  EXPECT_EQ(epoch.batch_images[1].data_ptr(), epoch.images[64].data_ptr());
+  EXPECT_EQ(epoch.loss_slots[2].data_ptr(), epoch.losses[2].data_ptr());
+}
+
+// Tests that the shuffle draws as LibTorch's RandomSampler does (an order as it is made, another
+// per epoch, from the global generator), so that on the CPU the resident form sees lesson 05's
+// batches; and that it writes every sample once.
+TEST(DeviceShuffler, DrawsTheSamplersOrdersAndKeepsEverySample) {
+  const course::ImageSet data = random_images(200);
+  torch::manual_seed(11);
+  lesson21::DeviceShuffler shuffler(data, torch::kCPU);
+  lesson21::EpochData epoch(200, 64, torch::kCPU);
+  shuffler.shuffle(epoch);
+  torch::manual_seed(11);
+  torch::randperm(200, torch::kLong);  // the sampler's order as it is made
+  const torch::Tensor order = torch::randperm(200, torch::kLong);  // and the first epoch's
+  EXPECT_TRUE(torch::equal(epoch.labels, data.labels.index_select(0, order)));
+  EXPECT_TRUE(torch::equal(epoch.images, data.images.reshape({-1, 784}).index_select(0, order)));
+}
+
+// Tests that the fused step trains as the tutorial's step on the same batches, within the lesson's
+// tolerance.
+TEST(Forms, FusedTrainsAsTheTutorial) {
+  lesson21::EpochData batches = shuffled_batches(random_images(640), 10);
+  lesson21::Trainer tutorial = lesson21::make_trainer(torch::kCPU, lesson21::kSeed);
+  lesson21::FlatTrainer fused = lesson21::make_flat_trainer(torch::kCPU, lesson21::kSeed);
+  const torch::Tensor expected = train_steps(
+      batches, [&](auto& x, auto& y, auto l) { lesson21::tutorial_step(tutorial, x, y, l); });
+  const torch::Tensor by_fused =
+      train_steps(batches, [&](auto& x, auto& y, auto l) { lesson21::fused_step(fused, x, y, l); });
+  EXPECT_LE(lesson21::relative_difference(by_fused, expected), lesson21::kStepTolerance);
+}
+
+// Tests that the fused step computes autograd's loss and gradients, on a batch of another size too
+// (an epoch's last: buffers of its own). Gradients, not parameters: Adam's first step moves each
+// parameter by about lr whatever its gradient's size, so a gradient near zero rounded otherwise
+// may move its parameter otherwise.
+TEST(Forms, FusedStepGivesAutogradsGradientsOnASmallerBatch) {
+  lesson21::Trainer tutorial = lesson21::make_trainer(torch::kCPU, lesson21::kSeed);
+  lesson21::FlatTrainer fused = lesson21::make_flat_trainer(torch::kCPU, lesson21::kSeed);
+  const torch::Tensor x = torch::rand({22, 784}), y = torch::randint(10, {22}, torch::kLong);
+  torch::Tensor expected = torch::zeros({}), got = torch::zeros({});
+  lesson21::tutorial_step(tutorial, x, y, expected);
+  lesson21::fused_step(fused, x, y, got);
+  EXPECT_EQ(fused.buffers.count(22), 1u);
+  EXPECT_NEAR(got.item<double>(), expected.item<double>(), 1e-6);
+  std::vector<torch::Tensor> grads;  // autograd's, in the flat tensor's order (parameters())
+  for (const auto& p : tutorial.model->parameters()) grads.push_back(p.grad().flatten());
+  EXPECT_LE(course::max_abs_diff(fused.flat.gradients, torch::cat(grads)), 1e-6);
+}
+
+// Tests what the fused form is for: fewer operators per step than the tutorial's step (counted by
+// the lesson's own function).
+TEST(Forms, FusedStepDispatchesFewerOperators) {
+  const course::ImageSet data = random_images(128);
+  const long long tutorial = lesson21::operators_per_step("resident", data, torch::kCPU, 1);
+  const long long fused = lesson21::operators_per_step("fused", data, torch::kCPU, 1);
+  EXPECT_LT(fused, tutorial / 2);
+}
+
+// Tests that the fused form uses LibTorch's fused Adam where this LibTorch has it for the CPU
+// (2.4 and later), and that its step is LibTorch's Adam: 200 steps on gradients from no model.
+TEST(FusedAdam, SameStepsAsLibTorchsAdam) {
+  if (!lesson21::has_fused_adam(torch::kCPU)) GTEST_SKIP() << "this LibTorch has no CPU fused Adam";
+  lesson21::FlatTrainer fused = lesson21::make_flat_trainer(torch::kCPU, lesson21::kSeed);
+  torch::Tensor theirs = fused.flat.values.detach().clone().requires_grad_();
+  torch::optim::Adam adam({theirs}, torch::optim::AdamOptions(lesson21::kLearningRate));
+  torch::manual_seed(4);
+  for (int i = 0; i < 200; ++i) {
+    const torch::Tensor g = torch::randn_like(theirs) * 0.1;
+    fused.flat.gradients.copy_(g);
+    theirs.mutable_grad() = g.clone();
+    fused.step.add_(1);
+    at::_fused_adam_({fused.flat.values}, {fused.flat.gradients}, {fused.exp_avg},
+                     {fused.exp_avg_sq}, {}, {fused.step}, lesson21::kLearningRate,
+                     lesson21::kBeta1, lesson21::kBeta2, 0, lesson21::kEpsilon, false, false);
+    adam.step();
   }
-  EXPECT_EQ(sources, 1);
-  EXPECT_EQ(libraries, 1);
+  EXPECT_EQ(fused.step.item<double>(), 200);
+  EXPECT_LE(course::max_abs_diff(fused.flat.values, theirs), 1e-6);
 }
 
-// Tests that the comparison can fail: other weights give other logits and unexplained predictions.
-TEST_F(Lesson21, ComparisonCatchesOtherWeights) {
-  lesson21::Package ours(made_->package, torch::kCPU),
-      theirs(elsewhere("dynamic.pt2"), torch::kCPU);
-  const auto a =
-      lesson21::compare(package_logits(theirs, test_set()), package_logits(ours, test_set()));
-  EXPECT_GT(a.rel_diff, 0.01);
-  EXPECT_GT(a.unexplained, 100);
-}
-
-// Tests that a package made outside the course (its own script, other weights, no metadata) loads,
-// takes a batch of 2 or more, refuses a batch of 1 (its lower bound, which the course's own
-// package leaves out), and scores the test set as Python scored it.
-TEST_F(Lesson21, PackageMadeElsewhereScoresWhatPythonScored) {
-  lesson21::Package package(elsewhere("dynamic.pt2"), torch::kCPU);
-  EXPECT_TRUE(package.metadata("test_accuracy").empty());
-  for (const std::int64_t batch : {2, 7, 64, 1000})
-    EXPECT_EQ(package.logits(test_set().images.slice(0, 0, batch)).size(0), batch);
-  EXPECT_THROW(package.logits(test_set().images.slice(0, 0, 1)), course::CourseError);
-  lesson21::Package ours(made_->package, torch::kCPU);
-  EXPECT_EQ(ours.logits(test_set().images.slice(0, 0, 1)).size(0), 1);
-  ASSERT_GT(elsewhere_accuracy_, 0);
-  EXPECT_NEAR(lesson21::accuracy(package_logits(package, test_set()), test_set().labels),
-              elsewhere_accuracy_, 0.5e-4 + 1e-4);
-}
-
-// Tests that a package exported for batches of 64 alone answers a batch of 64 and refuses a batch
-// of 100 when AOTI_RUNTIME_CHECK_INPUTS is set (the lesson sets it); without it, the package's
-// code runs on the 100 images and answers 64 rows, which the lesson's own check of the answer's
-// shape catches.
-TEST_F(Lesson21, PackageMadeForOneBatchSizeRefusesAnother) {
-  const auto error_for = [&](lesson21::Package& package) -> std::string {
-    try {
-      package.logits(test_set().images.slice(0, 0, 100));
-      return "";
-    } catch (const course::CourseError& e) {
-      return e.what();
-    }
-  };
-  lesson21::Package checked(elsewhere("batch64.pt2"), torch::kCPU);
-  EXPECT_EQ(checked.logits(test_set().images.slice(0, 0, 64)).size(0), 64);
-  EXPECT_NE(error_for(checked).find("refused a [100, 1, 28, 28]"), std::string::npos);
-  // A second load is a second copy of the package's code, which reads the variable anew.
-  lesson21::Package unchecked(elsewhere("batch64.pt2"), torch::kCPU);
-  unsetenv("AOTI_RUNTIME_CHECK_INPUTS");
-  const std::string error = error_for(unchecked);
-  setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", 1);
-  EXPECT_NE(error.find("answered a batch of 100 with [64, 10]"), std::string::npos) << error;
-}
-
-// Tests each file that is not a package for this run: missing, a torch.save file, cut short,
-// compiled for another device. Each a CourseError naming the file, never a crash.
-TEST_F(Lesson21, FilesThatAreNotAPackageForThisRunAreClearErrors) {
-  const auto refused = [](const std::string& path, const torch::Device& device, const char* says) {
-    try {
-      lesson21::Package package(path, device);
-      ADD_FAILURE() << path << " loaded";
-    } catch (const course::CourseError& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-      EXPECT_FALSE(e.hint().empty());
-    }
-  };
-  course::TemporaryFolder folder("lesson21-test-");
-  refused(folder.file("absent.pt2"), torch::kCPU, "no package");
-  refused(made_->state_dict, torch::kCPU, "is not an AOTInductor package");
-  std::string bytes;
-  {
-    std::ifstream in(made_->package, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
+// Tests that a graph asked for on the CPU is a clear error naming the fix.
+TEST(GraphedEpoch, OnTheCpuSaysItNeedsCuda) {
+  lesson21::FlatTrainer trainer = lesson21::make_flat_trainer(torch::kCPU, 1);
+  lesson21::EpochData epoch(64, 64, torch::kCPU);
+  try {
+    lesson21::GraphedEpoch graph(trainer, epoch, lesson21::fused_step);
+    FAIL() << "no error";
+  } catch (const course::CourseError& error) {
+    EXPECT_NE(std::string(error.what()).find("needs a CUDA device"), std::string::npos);
+    EXPECT_NE(error.hint().find("--device cuda"), std::string::npos);
   }
-  std::ofstream(folder.file("cut.pt2"), std::ios::binary).write(bytes.data(), 4000);
-  refused(folder.file("cut.pt2"), torch::kCPU, "is not an AOTInductor package");
-  refused(made_->package, torch::Device(torch::kCUDA, 0),
-          "was compiled for cpu, this run is on cuda");
-  // A CUDA package on the CPU: the same package, its metadata saying "cuda" (a real one's code
-  // cannot even be loaded without a CUDA driver: the check comes before the loader).
-  {
-    caffe2::serialize::PyTorchStreamReader in(made_->package);
-    caffe2::serialize::PyTorchStreamWriter out(folder.file("cuda.pt2"));
-    for (const auto& name : in.getAllRecords()) {
-      const auto [bytes, size] = in.getRecord(name);
-      std::string data(static_cast<const char*>(bytes.get()), size);
-      if (name.find("wrapper_metadata.json") != std::string::npos)
-        data.replace(data.find("\"cpu\""), 5, "\"cuda\"");
-      out.writeRecord(name, data.data(), data.size());
-    }
-    out.writeEndOfFile();
+}
+
+// Tests the lesson's checks on the real data: each form's losses equal the form before it's.
+class FormsOnFashionMnist : public FashionMnistTest {};
+TEST_F(FormsOnFashionMnist, EachFormTrainsAsTheOneBefore) {
+  const auto losses = lesson21::losses_on_same_batches(train(), 20, torch::kCPU, lesson21::kSeed);
+  EXPECT_EQ(losses.count("graphed"), 0u);  // on the CPU: no graph
+  EXPECT_LE(lesson21::relative_difference(losses.at("fused"), losses.at("tutorial")),
+            lesson21::kStepTolerance);
+}
+
+// Tests, on a GPU, that the graphed epoch trains as the fused step run eagerly, and that a second
+// replay carries on from the first (the step count and the moments on the device), as a second
+// eager pass over the same batches does; and that the graph's kernels were counted.
+class GraphedOnCuda : public CudaTest {};
+TEST_F(GraphedOnCuda, GraphedEpochTrainsAsTheFusedStep) {
+  const course::ImageSet data = random_images(64 * 30);
+  double kernels = 0;
+  const auto losses = lesson21::losses_on_same_batches(data, 30, device, lesson21::kSeed, &kernels);
+  ASSERT_EQ(losses.count("graphed"), 1u);
+  EXPECT_LE(lesson21::relative_difference(losses.at("graphed"), losses.at("fused")),
+            lesson21::kStepTolerance);
+  EXPECT_GE(kernels, 10);  // about twenty kernels a step (LibTorch 2.8 and later count them)
+  lesson21::DeviceShuffler shuffler(data, device);
+  lesson21::EpochData epoch(64 * 30, 64, device);
+  shuffler.shuffle(epoch);
+  lesson21::FlatTrainer eager = lesson21::make_flat_trainer(device, lesson21::kSeed);
+  lesson21::FlatTrainer graphed = lesson21::make_flat_trainer(device, lesson21::kSeed);
+  lesson21::GraphedEpoch graph(graphed, epoch, lesson21::fused_step);  // warm-up: state put back
+  for (int pass = 0; pass < 2; ++pass) {
+    graph.replay();
+    const torch::Tensor by_graph = epoch.losses.clone();
+    for (std::int64_t k = 0; k < epoch.steps(); ++k)
+      lesson21::fused_step(eager, epoch.batch_images[k], epoch.batch_labels[k],
+                           epoch.loss_slots[k]);
+    EXPECT_LE(lesson21::relative_difference(by_graph, epoch.losses), lesson21::kStepTolerance)
+        << "pass " << pass;
   }
-  EXPECT_EQ(lesson21::compiled_for(folder.file("cuda.pt2")), "cuda");
-  refused(folder.file("cuda.pt2"), torch::kCPU, "was compiled for cuda, this run is on cpu");
+  EXPECT_EQ(graphed.step.item<double>(), 60);
+  EXPECT_EQ(eager.step.item<double>(), 60);
 }
-
-// Tests that the lesson has loaded the libtorch.so of its own LibTorch, which a package's code
-// needs by that name.
-TEST(Lesson21Link, LibtorchOfThisLibTorchIsLoaded) {
-  EXPECT_NO_THROW(lesson21::check_libtorch_loaded());
-}
-
-// Tests that a Python that cannot be started is a clear error with a HINT.
-TEST(Lesson21Python, PythonThatCannotStartIsAClearError) {
-  course::TemporaryFolder folder("lesson21-python-");
-  setenv("GPU_LESSONS_PYTHON", "/nonexistent/python3", 1);
-  EXPECT_THROW(lesson21::make_package(folder.path(), torch::kCPU, true, true), course::CourseError);
-  unsetenv("GPU_LESSONS_PYTHON");
-}
-
-#else
-// Tests that on a LibTorch without AOTInductor the lesson is waived (exit 77) and says what it
-// needs.
-TEST(Lesson21Waived, WaivedWithWhatItNeeds) {
-  const auto run = run_program({built_program(LESSON21_BINARY), "--device", "cpu"});
-  EXPECT_EQ(run.exit_code, course::kExitWaived);
-  EXPECT_NE(run.output.find("needs 2.6 or newer"), std::string::npos) << run.output;
-}
-#endif

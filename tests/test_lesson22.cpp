@@ -1,275 +1,226 @@
-// Tests of lesson 22: the operator gpu_lessons::train_epoch registered and found by name, its CPU
-// implementation against autograd and the tutorial's step, its refusals of wrong inputs, Python's
-// call of it against C++'s, and (on a GPU) the CUDA kernel against the CPU implementation, with
-// the lesson's own functions and constants.
+// Tests of lesson 22: packages that Python really compiled (the tutorial's program with --export,
+// and a script of its own that knows nothing of the course), loaded with the lesson's Package and
+// held against the eager ANN and Python's accuracy; each bad input a CourseError; on a LibTorch
+// without AOTInductor, the lesson waived.
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <string>
-#include <tuple>
-#include <vector>
+#include <fstream>
+#include <regex>
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "common/compare.h"
-#include "cuda_test.h"
-#ifdef GPU_LESSONS_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>   // defines: CUDAStreamGuard
-#include <c10/cuda/CUDAStream.h>  // defines: getStreamFromPool, getCurrentCUDAStream
-#endif
-#include "custom_kernel.cpp"
+#include "aot_inductor.cpp"
+#include "common/temporary_folder.h"
 #include "fashion_mnist_test.h"
+#include "program_run.h"
 
+#ifdef LESSON22_WITH_AOTI
 namespace {
 
-// `samples` random images (rows of 784) and labels, on `device`.
-lesson22::DeviceSet random_set(std::int64_t samples, const torch::Device& device) {
-  torch::manual_seed(3);
-  return {torch::rand({samples, 784}).to(device),
-          torch::randint(10, {samples}, torch::kLong).to(device)};
-}
+// The packages, made once for all the tests in the build's packages/ folder (CTest makes them
+// first: the lesson's smoke run makes its own, tests/CMakeLists.txt runs the script): the lesson's
+// own (the tutorial's program, --quick) and the two of tests/lesson22_packages.py, with the test
+// accuracy that script printed for its weights. A test binary run by itself makes what is missing.
+class Lesson22 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (lesson22::python().empty() || fashion_mnist(nullptr) == nullptr) return;
+    const std::filesystem::path folder = LESSON22_PACKAGES_DIR;
+    try {
+      made_ = new lesson22::Made(lesson22::make_package(folder, torch::kCPU, true, false));
+    } catch (const course::CourseError& e) {
+      why_ = e.what();
+      return;
+    }
+    elsewhere_ = (folder / "elsewhere").string();
+    if (!std::filesystem::exists(elsewhere("accuracy.txt"))) {
+      std::filesystem::create_directories(elsewhere_);
+      course::ChildProcess script({lesson22::python(), LESSON22_PACKAGES_SCRIPT, elsewhere_}, {},
+                                  false);
+      script.read_rest();
+      script.wait_for(std::chrono::minutes(10));
+    }
+    std::ifstream said(elsewhere("accuracy.txt"));  // "Test Accuracy: 0.xxxx", as Python printed it
+    std::string line;
+    std::smatch m;
+    if (std::getline(said, line) &&
+        std::regex_match(line, m, std::regex("^Test Accuracy: ([0-9.]+)$")))
+      elsewhere_accuracy_ = std::stod(m[1]);
+    script_ok_ = elsewhere_accuracy_ > 0 && std::filesystem::exists(elsewhere("batch64.pt2"));
+    if (!script_ok_) why_ = "tests/lesson22_packages.py made no packages in " + elsewhere_;
+  }
+  static void TearDownTestSuite() { delete made_; }
+  void SetUp() override {
+    std::string why;
+    if (fashion_mnist(&why) == nullptr) GTEST_SKIP() << why;
+    if (lesson22::python().empty()) GTEST_SKIP() << "no Python with this LibTorch's torch";
+    ASSERT_TRUE(script_ok_) << why_;
+  }
+  static const course::ImageSet& test_set() { return fashion_mnist(nullptr)->test; }
+  static std::string elsewhere(const char* name) { return elsewhere_ + "/" + name; }
 
-// The first `samples` rows of a permutation of `set`, drawn from a fixed seed, on its device.
-torch::Tensor order_of(const lesson22::DeviceSet& set, std::int64_t samples) {
-  torch::manual_seed(8);
-  return torch::randperm(set.labels.size(0), torch::kLong)
-      .narrow(0, 0, samples)
-      .to(set.images.device());
+  static std::string elsewhere_;
+  static lesson22::Made* made_;
+  static double elsewhere_accuracy_;
+  static bool script_ok_;
+  static std::string why_;
+};
+std::string Lesson22::elsewhere_;
+lesson22::Made* Lesson22::made_ = nullptr;
+double Lesson22::elsewhere_accuracy_ = -1;
+bool Lesson22::script_ok_ = false;
+std::string Lesson22::why_;
+
+// The package's logits on `device` for the whole test set, in the tutorial's batches.
+torch::Tensor package_logits(lesson22::Package& package, const course::ImageSet& test) {
+  torch::NoGradGuard no_grad;
+  return lesson22::in_batches([&](const torch::Tensor& x) { return package.logits(x); },
+                              test.images, lesson22::kBatchSize);
 }
 
 }  // namespace
 
-// Tests that the library registered the operator under the course's namespace with its schema,
-// that C++ finds it by name, and which devices it has an implementation for.
-TEST(Operator, IsFoundByNameWithItsSchema) {
-  const auto op = c10::Dispatcher::singleton().findSchema({epoch_op::kName, ""});
-  ASSERT_TRUE(op.has_value()) << "no " << epoch_op::kName;
-  const std::string schema = c10::toString(op->schema());
-  EXPECT_NE(schema.find("gpu_lessons::train_epoch(Tensor(a!) parameters, Tensor(b!) gradients"),
-            std::string::npos)
-      << schema;
-  EXPECT_NE(schema.find("int batch_size, float lr, Tensor(f!)? clock=None) -> Tensor"),
-            std::string::npos)
-      << schema;
-  EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CPU));
-#ifdef GPU_LESSONS_WITH_CUDA
-  EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
-#else
-  EXPECT_FALSE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
-#endif
-  EXPECT_NE(epoch_op::library_path().find("libgpu_lessons_ops.so"), std::string::npos)
-      << epoch_op::library_path();
-}
-
-// Tests that one step of the operator gives autograd's loss and gradients, on a batch of 64 and
-// on a smaller last batch.
-TEST(Operator, OneStepGivesAutogradsLossAndGradients) {
-  const lesson22::DeviceSet set = random_set(100, torch::kCPU);
-  for (const std::int64_t rows : {std::int64_t{64}, std::int64_t{22}, std::int64_t{1}})
-    EXPECT_LE(lesson22::one_step_difference(set, rows, torch::kCPU), lesson22::kGradientTolerance)
-        << rows << " rows";
-}
-
-// Tests that the operator trains as the tutorial's step on the same batches (the last smaller),
-// within the lesson's tolerance.
-TEST(Operator, TrainsAsTheTutorialsStep) {
-  const lesson22::DeviceSet set = random_set(1000, torch::kCPU);
-  const torch::Tensor order = order_of(set, 10 * 64 + 30);
-  lesson22::OpTrainer op = lesson22::make_op_trainer(torch::kCPU, 1);
-  lesson22::Trainer reference = lesson22::make_trainer(torch::kCPU, 1);
-  const torch::Tensor got = lesson22::train_with_op(op, set.images, set.labels, order);
-  const torch::Tensor expected =
-      lesson22::train_with_autograd(reference, set.images, set.labels, order);
-  ASSERT_EQ(got.size(0), 11);
-  EXPECT_LE(lesson22::relative_difference(got, expected), lesson22::kStepTolerance);
-  std::vector<torch::Tensor> parameters;  // autograd's, in the flat tensor's order
-  for (const auto& p : reference.model->parameters()) parameters.push_back(p.detach().flatten());
-  EXPECT_LE(course::max_rel_diff(op.flat.values, torch::cat(parameters)), lesson22::kStepTolerance);
-}
-
-// Tests that the operator returns a loss per step and advances Adam's step count by its steps,
-// call after call, as its schema says.
-TEST(Operator, ReturnsEachStepsLossAndAdvancesAdamsStep) {
-  const lesson22::DeviceSet set = random_set(200, torch::kCPU);
-  lesson22::OpTrainer op = lesson22::make_op_trainer(torch::kCPU, 1);
-  const torch::Tensor order = order_of(set, 150);  // 64 + 64 + 22
-  EXPECT_EQ(lesson22::train_with_op(op, set.images, set.labels, order).size(0), 3);
-  EXPECT_EQ(op.step.item<double>(), 3);
-  lesson22::train_with_op(op, set.images, set.labels, order);
-  EXPECT_EQ(op.step.item<double>(), 6);
-}
-
-// One call's arguments, each replaceable by a wrong one.
-struct Call {
-  lesson22::OpTrainer t = lesson22::make_op_trainer(torch::kCPU, 1);
-  torch::Tensor images, labels, order;
-  std::int64_t batch = lesson22::kBatchSize;
-  double lr = lesson22::kLearningRate;
-  c10::optional<torch::Tensor> clock;
-  torch::Tensor run() {
-    return lesson22::train_epoch_op().call(t.flat.values, t.flat.gradients, t.exp_avg, t.exp_avg_sq,
-                                           t.step, images, labels, order, batch, lr, clock);
+// Tests that the package Python compiled computes what its weights compute in lesson 05's ANN,
+// loaded from the state_dict saved beside it (lesson 10's route), and that its accuracy is the
+// one Python printed and kept in the package's metadata.
+TEST_F(Lesson22, PackageComputesTheEagerANNsLogitsAndPythonsAccuracy) {
+  lesson22::Package package(made_->package, torch::kCPU);
+  const auto logits = package_logits(package, test_set());
+  auto eager = lesson22::eager_model(made_->state_dict, torch::kCPU);
+  torch::NoGradGuard no_grad;
+  const auto eager_logits = eager->forward(test_set().images.unsqueeze(1));
+  const auto a = lesson22::compare(logits, eager_logits);
+  EXPECT_LE(a.rel_diff, course::tolerance_for(torch::kFloat));
+  EXPECT_EQ(a.unexplained, 0);
+  ASSERT_FALSE(package.metadata("test_accuracy").empty());
+  EXPECT_NEAR(lesson22::accuracy(logits, test_set().labels),
+              std::stod(package.metadata("test_accuracy")), 0.5e-4 + 1e-4);
+  EXPECT_EQ(package.metadata("AOTI_DEVICE_KEY"), "cpu");
+  EXPECT_EQ(package.metadata("AOTI_MACHINE"), "x86_64");  // what it was compiled for
+  EXPECT_FALSE(package.metadata("AOTI_CPU_ISA").empty());
+  // What the zip holds: the generated C++ and the library compiled from it (the weights inside).
+  caffe2::serialize::PyTorchStreamReader zip(made_->package);
+  int sources = 0, libraries = 0;
+  for (const auto& name : zip.getAllRecords()) {
+    sources += name.size() > 12 && name.compare(name.size() - 12, 12, ".wrapper.cpp") == 0;
+    libraries += name.size() > 11 && name.compare(name.size() - 11, 11, ".wrapper.so") == 0;
   }
-};
+  EXPECT_EQ(sources, 1);
+  EXPECT_EQ(libraries, 1);
+}
 
-// Tests that each wrong input is refused with a message naming it, before anything is changed.
-TEST(Operator, RefusesWrongInputsNamingThem) {
-  const lesson22::DeviceSet set = random_set(100, torch::kCPU);
-  const torch::Tensor order = order_of(set, 64);
-  const std::vector<std::tuple<const char*, const char*, std::function<void(Call&)>>> cases = {
-      {"int32 labels", "labels must be int64",
-       [](Call& c) { c.labels = c.labels.to(torch::kInt); }},
-      {"images as [N, 28, 28]", "images must be float32 [N, 784]",
-       [](Call& c) {
-         c.images = c.images.view({-1, 28, 28});
-       }},
-      {"images not contiguous", "images must be contiguous",
-       [](Call& c) { c.images = c.images.t().contiguous().t(); }},
-      {"another model's parameters", "parameters must be float32 [109386]",
-       [](Call& c) { c.t.flat.values = torch::zeros({10}); }},
-      {"Adam's step as int64", "step must be one float32",
-       [](Call& c) { c.t.step = torch::zeros({}, torch::kLong); }},
-      {"no samples", "order must be int64 [samples]",
-       [](Call& c) { c.order = c.order.narrow(0, 0, 0); }},
-      {"a sample past the images", "order holds",
-       [](Call& c) { c.order = c.order.clone().fill_(100); }},
-      {"a label past the classes", "labels must be classes 0..9",
-       [](Call& c) { c.labels = c.labels.clone().fill_(10); }},
-      {"a batch of 0", "batch_size must be 1..64", [](Call& c) { c.batch = 0; }},
-      {"a batch of 65", "batch_size must be 1..64", [](Call& c) { c.batch = 65; }},
-      {"a negative learning rate", "lr must be a positive number", [](Call& c) { c.lr = -1e-3; }},
-      {"one tensor as both of Adam's moments", "exp_avg and exp_avg_sq share memory",
-       [](Call& c) { c.t.exp_avg_sq = c.t.exp_avg; }},
-      {"the gradients inside the parameters", "parameters and gradients share memory",
-       [](Call& c) { c.t.flat.gradients = c.t.flat.values; }},
-      {"a clock of the wrong size", "clock must be contiguous int64 [4]",
-       [](Call& c) { c.clock = torch::zeros({3}, torch::kLong); }},
-  };
-  for (const auto& [wrong, says, make] : cases) {
-    Call c;
-    c.images = set.images, c.labels = set.labels, c.order = order;
-    make(c);
-    const torch::Tensor before = c.t.flat.values.clone();
+// Tests that the comparison can fail: other weights give other logits and unexplained predictions.
+TEST_F(Lesson22, ComparisonCatchesOtherWeights) {
+  lesson22::Package ours(made_->package, torch::kCPU),
+      theirs(elsewhere("dynamic.pt2"), torch::kCPU);
+  const auto a =
+      lesson22::compare(package_logits(theirs, test_set()), package_logits(ours, test_set()));
+  EXPECT_GT(a.rel_diff, 0.01);
+  EXPECT_GT(a.unexplained, 100);
+}
+
+// Tests that a package made outside the course (its own script, other weights, no metadata) loads,
+// takes a batch of 2 or more, refuses a batch of 1 (its lower bound, which the course's own
+// package leaves out), and scores the test set as Python scored it.
+TEST_F(Lesson22, PackageMadeElsewhereScoresWhatPythonScored) {
+  lesson22::Package package(elsewhere("dynamic.pt2"), torch::kCPU);
+  EXPECT_TRUE(package.metadata("test_accuracy").empty());
+  for (const std::int64_t batch : {2, 7, 64, 1000})
+    EXPECT_EQ(package.logits(test_set().images.slice(0, 0, batch)).size(0), batch);
+  EXPECT_THROW(package.logits(test_set().images.slice(0, 0, 1)), course::CourseError);
+  lesson22::Package ours(made_->package, torch::kCPU);
+  EXPECT_EQ(ours.logits(test_set().images.slice(0, 0, 1)).size(0), 1);
+  ASSERT_GT(elsewhere_accuracy_, 0);
+  EXPECT_NEAR(lesson22::accuracy(package_logits(package, test_set()), test_set().labels),
+              elsewhere_accuracy_, 0.5e-4 + 1e-4);
+}
+
+// Tests that a package exported for batches of 64 alone answers a batch of 64 and refuses a batch
+// of 100 when AOTI_RUNTIME_CHECK_INPUTS is set (the lesson sets it); without it, the package's
+// code runs on the 100 images and answers 64 rows, which the lesson's own check of the answer's
+// shape catches.
+TEST_F(Lesson22, PackageMadeForOneBatchSizeRefusesAnother) {
+  const auto error_for = [&](lesson22::Package& package) -> std::string {
     try {
-      c.run();
-      ADD_FAILURE() << wrong << ": taken";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(says), std::string::npos)
-          << wrong << ": " << e.what_without_backtrace();
+      package.logits(test_set().images.slice(0, 0, 100));
+      return "";
+    } catch (const course::CourseError& e) {
+      return e.what();
     }
-    EXPECT_TRUE(torch::equal(before, c.t.flat.values)) << wrong << ": the parameters changed";
-  }
+  };
+  lesson22::Package checked(elsewhere("batch64.pt2"), torch::kCPU);
+  EXPECT_EQ(checked.logits(test_set().images.slice(0, 0, 64)).size(0), 64);
+  EXPECT_NE(error_for(checked).find("refused a [100, 1, 28, 28]"), std::string::npos);
+  // A second load is a second copy of the package's code, which reads the variable anew.
+  lesson22::Package unchecked(elsewhere("batch64.pt2"), torch::kCPU);
+  unsetenv("AOTI_RUNTIME_CHECK_INPUTS");
+  const std::string error = error_for(unchecked);
+  setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", 1);
+  EXPECT_NE(error.find("answered a batch of 100 with [64, 10]"), std::string::npos) << error;
 }
 
-// Tests that parameters which require grad are refused where the operator writes in place
-// (autograd's fallback: the operator has no backward), with autograd's own message.
-TEST(Operator, RefusesALeafThatRequiresGrad) {
-  const lesson22::DeviceSet set = random_set(100, torch::kCPU);
-  Call c;
-  c.images = set.images, c.labels = set.labels, c.order = order_of(set, 64);
-  c.t.flat.values.requires_grad_(true);
-  try {
-    c.run();
-    ADD_FAILURE() << "taken";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("in-place operation"), std::string::npos)
-        << e.what_without_backtrace();
-  }
-}
-
-// Tests the steps of an epoch: the tutorial's 938 for 60,000 images, the last one smaller.
-TEST(Operator, StepsOfAnEpoch) {
-  EXPECT_EQ(lesson22::steps_for(60000), 938);
-  EXPECT_EQ(lesson22::steps_for(64), 1);
-  EXPECT_EQ(lesson22::steps_for(65), 2);
-}
-
-// Tests the operator's clock on the CPU: the start, then the end of each phase of each step, each
-// no earlier than the one before.
-TEST(Operator, ClockGetsEachPhasesTime) {
-  const lesson22::DeviceSet set = random_set(200, torch::kCPU);
-  Call c;
-  c.images = set.images, c.labels = set.labels, c.order = order_of(set, 150);  // 3 steps
-  c.clock = torch::zeros({3 * 3 + 1}, torch::kLong);
-  c.run();
-  const torch::Tensor& clock = *c.clock;
-  EXPECT_GT(clock[0].item<std::int64_t>(), 0);
-  EXPECT_TRUE((clock.narrow(0, 1, 9) >= clock.narrow(0, 0, 9)).all().item<bool>()) << clock;
-  EXPECT_EQ(lesson22::phase_medians_us(clock).size(), 3u);
-}
-
-// Tests the lesson's Python part on the real data: Python loads the operator's library, trains
-// with torch.ops.gpu_lessons.train_epoch on tensors it made, and C++, from the same start and
-// order, gets the same losses and parameters.
-class OperatorFromPython : public FashionMnistTest {};
-TEST_F(OperatorFromPython, GivesWhatCppGets) {
-  if (const std::string why = lesson22::why_no_python(); !why.empty()) GTEST_SKIP() << why;
-  const lesson22::DeviceSet data = lesson22::to_device(course::take(train(), 10000), torch::kCPU);
-  const auto [losses, parameters] =
-      lesson22::python_difference(data, course::find_fashion_mnist("").string(), torch::kCPU);
-  EXPECT_LE(losses, lesson22::kStepTolerance);
-  EXPECT_LE(parameters, lesson22::kStepTolerance);
-}
-
-// Tests the CUDA kernel, on a GPU: one step's loss and gradients are autograd's (batches of 64,
-// 22 and 1), and 100 steps train as the CPU implementation from the same start on the same
-// batches (their losses, step by step: lesson 20's check).
-class OperatorOnCuda : public CudaTest {};
-TEST_F(OperatorOnCuda, OneStepGivesAutogradsLossAndGradients) {
-  const lesson22::DeviceSet set = random_set(100, device);
-  for (const std::int64_t rows : {std::int64_t{64}, std::int64_t{22}, std::int64_t{1}})
-    EXPECT_LE(lesson22::one_step_difference(set, rows, device), lesson22::kGradientTolerance)
-        << rows << " rows";
-}
-
-TEST_F(OperatorOnCuda, KernelTrainsAsTheCpuImplementation) {
-  const lesson22::DeviceSet set = random_set(10000, device);
-  const torch::Tensor order = order_of(set, 100 * 64 - 10);
-  lesson22::OpTrainer on_gpu = lesson22::make_op_trainer(device, 1);
-  lesson22::OpTrainer on_cpu = lesson22::make_op_trainer(torch::kCPU, 1);
-  const torch::Tensor got = lesson22::train_with_op(on_gpu, set.images, set.labels, order);
-  const torch::Tensor expected =
-      lesson22::train_with_op(on_cpu, set.images.cpu(), set.labels.cpu(), order.cpu());
-  EXPECT_LE(lesson22::relative_difference(got.cpu(), expected), lesson22::kStepTolerance);
-  EXPECT_EQ(on_gpu.step.item<double>(), 100);
-}
-
-#ifdef GPU_LESSONS_WITH_CUDA  // (the stream's API is in a CUDA LibTorch only)
-// Tests that the kernel gives the same results twice (it sums in a fixed order: no atomics), and
-// on a stream of the caller's as on the default one (it runs on LibTorch's current stream).
-TEST_F(OperatorOnCuda, KernelIsDeterministicOnAnyStream) {
-  const lesson22::DeviceSet set = random_set(1000, device);
-  const torch::Tensor order = order_of(set, 10 * 64 + 7);
-  lesson22::OpTrainer first = lesson22::make_op_trainer(device, 1);
-  lesson22::OpTrainer second = lesson22::make_op_trainer(device, 1);
-  const torch::Tensor losses = lesson22::train_with_op(first, set.images, set.labels, order);
-  torch::Tensor again;
+// Tests each file that is not a package for this run: missing, a torch.save file, cut short,
+// compiled for another device. Each a CourseError naming the file, never a crash.
+TEST_F(Lesson22, FilesThatAreNotAPackageForThisRunAreClearErrors) {
+  const auto refused = [](const std::string& path, const torch::Device& device, const char* says) {
+    try {
+      lesson22::Package package(path, device);
+      ADD_FAILURE() << path << " loaded";
+    } catch (const course::CourseError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_FALSE(e.hint().empty());
+    }
+  };
+  course::TemporaryFolder folder("lesson22-test-");
+  refused(folder.file("absent.pt2"), torch::kCPU, "no package");
+  refused(made_->state_dict, torch::kCPU, "is not an AOTInductor package");
+  std::string bytes;
   {
-    c10::cuda::CUDAStreamGuard on_side_stream(c10::cuda::getStreamFromPool(false, device.index()));
-    again = lesson22::train_with_op(second, set.images, set.labels, order);
-    c10::cuda::getCurrentCUDAStream().synchronize();
+    std::ifstream in(made_->package, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
-  EXPECT_TRUE(torch::equal(losses, again));
-  EXPECT_TRUE(torch::equal(first.flat.values, second.flat.values));
-  // The clock on the GPU: a time for the start and after each barrier, in order.
-  torch::Tensor clock = torch::zeros({3 * 11 + 1}, torch::dtype(torch::kLong).device(device));
-  lesson22::train_with_op(first, set.images, set.labels, order, clock);
-  const torch::Tensor times = clock.cpu();
-  EXPECT_TRUE((times.narrow(0, 1, 33) >= times.narrow(0, 0, 33)).all().item<bool>()) << times;
-  EXPECT_GT(times[0].item<std::int64_t>(), 0);
+  std::ofstream(folder.file("cut.pt2"), std::ios::binary).write(bytes.data(), 4000);
+  refused(folder.file("cut.pt2"), torch::kCPU, "is not an AOTInductor package");
+  refused(made_->package, torch::Device(torch::kCUDA, 0),
+          "was compiled for cpu, this run is on cuda");
+  // A CUDA package on the CPU: the same package, its metadata saying "cuda" (a real one's code
+  // cannot even be loaded without a CUDA driver: the check comes before the loader).
+  {
+    caffe2::serialize::PyTorchStreamReader in(made_->package);
+    caffe2::serialize::PyTorchStreamWriter out(folder.file("cuda.pt2"));
+    for (const auto& name : in.getAllRecords()) {
+      const auto [bytes, size] = in.getRecord(name);
+      std::string data(static_cast<const char*>(bytes.get()), size);
+      if (name.find("wrapper_metadata.json") != std::string::npos)
+        data.replace(data.find("\"cpu\""), 5, "\"cuda\"");
+      out.writeRecord(name, data.data(), data.size());
+    }
+    out.writeEndOfFile();
+  }
+  EXPECT_EQ(lesson22::compiled_for(folder.file("cuda.pt2")), "cuda");
+  refused(folder.file("cuda.pt2"), torch::kCPU, "was compiled for cuda, this run is on cpu");
+}
+
+// Tests that the lesson has loaded the libtorch.so of its own LibTorch, which a package's code
+// needs by that name.
+TEST(Lesson22Link, LibtorchOfThisLibTorchIsLoaded) {
+  EXPECT_NO_THROW(lesson22::check_libtorch_loaded());
+}
+
+// Tests that a Python that cannot be started is a clear error with a HINT.
+TEST(Lesson22Python, PythonThatCannotStartIsAClearError) {
+  course::TemporaryFolder folder("lesson22-python-");
+  setenv("GPU_LESSONS_PYTHON", "/nonexistent/python3", 1);
+  EXPECT_THROW(lesson22::make_package(folder.path(), torch::kCPU, true, true), course::CourseError);
+  unsetenv("GPU_LESSONS_PYTHON");
+}
+
+#else
+// Tests that on a LibTorch without AOTInductor the lesson is waived (exit 77) and says what it
+// needs.
+TEST(Lesson22Waived, WaivedWithWhatItNeeds) {
+  const auto run = run_program({built_program(LESSON22_BINARY), "--device", "cpu"});
+  EXPECT_EQ(run.exit_code, course::kExitWaived);
+  EXPECT_NE(run.output.find("needs 2.6 or newer"), std::string::npos) << run.output;
 }
 #endif
-
-// Tests that tensors on two devices are refused, naming them, before the kernel is launched.
-TEST_F(OperatorOnCuda, RefusesTensorsOnTwoDevices) {
-  const lesson22::DeviceSet set = random_set(100, torch::kCPU);
-  lesson22::OpTrainer t = lesson22::make_op_trainer(device, 1);
-  try {
-    lesson22::train_with_op(t, set.images, set.labels, order_of(set, 64));
-    ADD_FAILURE() << "taken";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("every tensor must be on one device"),
-              std::string::npos)
-        << e.what_without_backtrace();
-  }
-}

@@ -7,7 +7,7 @@
 //   - "pinned": each batch gathered whole into pinned memory and copied non_blocking (--workers
 //     threads gather ahead), and the loss summed on the device, read once per epoch;
 //   - "resident": the whole dataset copied to the device once, each batch gathered there.
-// (Lesson 12 then does the step in fewer operators; lesson 18 captures it in a CUDA graph.)
+// (Lesson 12 then does the step in fewer operators; lesson 19 captures it in a CUDA graph.)
 //
 // Run:    build/bin/lesson11_fast_training_loop [--device ...] [--workers N] [--epochs N] [--quick]
 //           [--run all|tutorial|pinned|resident] [--batch-size N] [--data-dir DIR]

@@ -10,7 +10,7 @@
 //   - "flat": all parameters in one tensor: Adam in a handful of kernels, not several per tensor;
 //   - "manual": the backward pass written out as matrix products, no autograd;
 //   - to count the operators of a step (LibTorch's RecordFunction callbacks).
-// (Lesson 18 captures a step in a CUDA graph; lesson 20 fuses the manual step further and
+// (Lesson 19 captures a step in a CUDA graph; lesson 21 fuses the manual step further and
 // captures a whole epoch.)
 //
 // Run:    build/bin/lesson12_fewer_operators [--device ...] [--epochs N] [--quick]
@@ -151,7 +151,7 @@ torch::Tensor tutorial_step(Trainer& trainer, const Batch& batch) {
 
 // ---- 2. "flat": all parameters in one tensor ----------------------------------------------------
 // The model's parameters moved into one tensor, their gradients into another: from
-// common/flat_parameters.h (lesson 19 profiles this step too).
+// common/flat_parameters.h (lesson 20 profiles this step too).
 using course::FlatParameters;      // values, and gradients: values.grad()
 using course::flatten_parameters;  // each parameter becomes a view into values
 
@@ -298,7 +298,7 @@ struct OperatorCounts {
 // Each form's step on the same batch from the same weights: the written-out backward's gradients
 // against autograd's after the first step (not epoch losses: sums in another order round apart,
 // and thousands of steps magnify it), then each step's operators counted on a second step, as
-// lessons 18 and 20 count: the first also makes Adam's state, once.
+// lessons 19 and 21 count: the first also makes Adam's state, once.
 OperatorCounts count_operators_per_step(const course::ImageSet& train, std::int64_t batch_size,
                                         const torch::Device& device, std::uint64_t seed) {
   const Batch batch{train.images.slice(0, 0, batch_size).reshape({-1, kPixels}).to(device),

@@ -4,7 +4,7 @@ gives its folders in the environment: GPU_LESSONS_ROOT, the source tree; GPU_LES
 build; and what a class needs besides). A class that cannot run here skips (unittest's "OK
 (skipped=N)", which CTest counts as skipped), saying what is missing.
 
-  Lesson19Trace   lesson 19's --trace writes two Chrome traces that scripts/plot-trace draws
+  Lesson20Trace   lesson 20's --trace writes two Chrome traces that scripts/plot-trace draws
   PlotBenchmarks  scripts/plot-benchmarks draws the recorded JSON, and names a file cut short
   RunBenchmarks   scripts/run-benchmarks --budget and --programs
   GpuPass         scripts/gpu-pass rehearsed on the CPU, as a GPU server runs it
@@ -177,13 +177,13 @@ class MakePages(Scratch):
         self.assertIn("docs/src/page.md:4: a \\ref this script cannot read", out)
 
 
-class Lesson19Trace(Scratch):
-    """Lesson 19's --trace FILE writes two Chrome traces that parse as JSON, each with complete
+class Lesson20Trace(Scratch):
+    """Lesson 20's --trace FILE writes two Chrome traces that parse as JSON, each with complete
     events ("ph": "X") for every profiled step's ranges, which scripts/plot-trace draws as one
     timeline picture; an unwritable --trace exits 2 with a HINT."""
 
-    LESSON = os.path.join(BUILD, "bin", "lesson19_profiling")
-    STEPS = 3  # lesson 19's kQuickSteps
+    LESSON = os.path.join(BUILD, "bin", "lesson20_profiling")
+    STEPS = 3  # lesson 20's kQuickSteps
 
     def test_traces_hold_every_steps_ranges(self):
         code, out = run([self.LESSON, "--quick", "--device", "cpu", "--trace", self.path("t.json")])
@@ -437,8 +437,8 @@ class GpuPass(Scratch):
         for lesson in ("09", "17"):  # torchrun's job of one rank
             name = [n for n in lessons if n.startswith(f"lesson{lesson}_")][0]
             self.assertIn(f"RESULT: PASS lesson {lesson} rank 0 of 1", text(name + ".torchrun.txt"))
-        for loop in ("lesson05", "lesson12"):  # lesson 19's traces, which --import draws
-            self.assertIn('"traceEvents"', text(f"lesson19_profiling-{loop}.json"))
+        for loop in ("lesson05", "lesson12"):  # lesson 20's traces, which --import draws
+            self.assertIn('"traceEvents"', text(f"lesson20_profiling-{loop}.json"))
         for bench in glob.glob(os.path.join(BUILD, "bin", "bench_*")):
             with open(os.path.join(packed, "docs", "benchmarks", "gpu",
                                    os.path.basename(bench) + ".json")) as f:
