@@ -223,16 +223,19 @@ std::vector<std::string> with(std::vector<std::string> flags,
 }
 
 constexpr const char* kFailuresLesson = "lesson17";  // distributed failures: lesson 09's job
+constexpr const char* kSilentLesson = "lesson18";    // silent failures: lesson 17's job, checked
 
-class Jobs : public ::testing::TestWithParam<std::string> {  // lesson09 or kFailuresLesson
+class Jobs : public ::testing::TestWithParam<std::string> {  // lesson09, 17 or 18
  protected:
   void SetUp() override {
     binary_ = lesson_path(GetParam());
     ASSERT_FALSE(binary_.empty()) << GetParam() << " is not in the registry";
   }
   std::string number() const { return GetParam().substr(6, 2); }
-  // The distributed-failures lesson, whose rendezvous and checks are its own (not lesson 09's).
-  bool failures_lesson() const { return GetParam() == kFailuresLesson; }
+  // Lesson 09's own job, whose rendezvous is LibTorch's (lessons 17 and 18: lesson 17's).
+  bool lesson09() const { return GetParam() == "lesson09"; }
+  // The silent-failures lesson, whose ranks check their summed gradient.
+  bool silent_lesson() const { return GetParam() == kSilentLesson; }
   // The jobs on the CPU talk through Gloo.
   static bool without_gloo() {
 #ifdef GPU_LESSONS_WITH_GLOO
@@ -284,7 +287,7 @@ TEST_P(Jobs, TwoRanksPassWithOtherCpusKernels) {
     EXPECT_EQ(runs[1].exit_code, 0) << runs[1].what();
     EXPECT_FALSE(checksum(runs[0]).empty()) << runs[0].what();
     EXPECT_EQ(checksum(runs[0]), checksum(runs[1]));
-    if (failures_lesson()) {  // its summed-gradient check holds with each
+    if (silent_lesson()) {  // its summed-gradient check holds with each
       EXPECT_TRUE(runs[0].printed("summed gradient vs one process's")) << runs[0].what();
     }
   }
@@ -314,8 +317,8 @@ TEST_P(Jobs, RankThatNeverArrivesIsWaitedForOnce) {
           .finish()[0];
   const double took = seconds_since(start);
   EXPECT_EQ(rank0.exit_code, 2) << rank0.what();
-  const char* says = failures_lesson() ? "gave up waiting for the other ranks.*1 of 2 arrived"
-                                       : "could not join the job";
+  const char* says =
+      lesson09() ? "could not join the job" : "gave up waiting for the other ranks.*1 of 2 arrived";
   EXPECT_TRUE(std::regex_search(rank0.output, std::regex(says))) << rank0.what();
   EXPECT_TRUE(rank0.printed("HINT:")) << rank0.what();
   EXPECT_GE(took, 5.0) << rank0.what();
@@ -339,7 +342,8 @@ TEST_P(Jobs, NcclJobOfOneRank) {
 }
 
 std::string lesson_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-INSTANTIATE_TEST_SUITE_P(Lessons, Jobs, ::testing::Values("lesson09", kFailuresLesson),
+INSTANTIATE_TEST_SUITE_P(Lessons, Jobs,
+                         ::testing::Values("lesson09", kFailuresLesson, kSilentLesson),
                          lesson_name);
 
 // Lesson 17's jobs on GPUs. Two NCCL ranks, a GPU each, rank 1 killed: rank 0 exits 1 with its
