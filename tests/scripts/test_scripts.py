@@ -430,11 +430,11 @@ class GpuPass(Scratch):
                 return f.read()
         for lesson in lessons:
             self.assertRegex(text(lesson + ".txt"), r"(?m)^RESULT: ", lesson)
-        for extra in ("lesson09_data_parallel.2ranks", "lesson17_distributed_failures.2ranks",
+        for extra in ("lesson09_data_parallel.2ranks", "lesson18_silent_failures.2ranks",
                       "lesson10_checkpointing.resume", "lesson10_checkpointing.roundtrip",
                       "lesson14_exact_resume.resume"):
             self.assertTrue(text(extra + ".txt"), extra)
-        for lesson in ("09", "17"):  # torchrun's job of one rank
+        for lesson in ("09", "18"):  # torchrun's job of one rank
             name = [n for n in lessons if n.startswith(f"lesson{lesson}_")][0]
             self.assertIn(f"RESULT: PASS lesson {lesson} rank 0 of 1", text(name + ".torchrun.txt"))
         for loop in ("lesson05", "lesson12"):  # lesson 20's traces, which --import draws
