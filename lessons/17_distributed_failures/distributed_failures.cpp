@@ -19,16 +19,6 @@
 #include <signal.h>       // defines: SIGKILL, SIGSTOP
 #include <torch/torch.h>  // defines: torch::nn, torch::optim
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>    // defines: c10d::HashStore (a group of one)
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // defines: c10d::PrefixStore
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>     // defines: c10d::TCPStore (the rendezvous)
-#ifdef GPU_LESSONS_WITH_GLOO
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // defines: c10d::ProcessGroupGloo
-#endif
-#ifdef GPU_LESSONS_WITH_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // defines: c10d::ProcessGroupNCCL
-#endif
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -4,9 +4,8 @@
 // failure:
 //   1. a gradient not summed over the ranks: the summed gradient against one process's over the
 //      global batch, for the first steps;
-//   2. ranks drifting apart: every rank's parameters against rank 0's, at every step and at the
-//   end,
-//      bit for bit;
+//   2. ranks drifting apart: every rank's parameters against rank 0's, bit for bit, at every step
+//      and at the end;
 //   3. a job that learns something else: its loss and accuracy against one process's, trained with
 //      the global batch.
 // Run:    torchrun --no-python --nproc-per-node 2 build/bin/lesson18_silent_failures  (a job)
