@@ -93,8 +93,7 @@ void BM_LoadCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) load(state, device);
 }
 
-// ---- activation checkpointing
-// --------------------------------------------------------------------
+// ---- activation checkpointing -------------------------------------------------------------------
 void activation(benchmark::State& state, const torch::Device& device) {
   course::install_counting_cpu_allocator();
   const bool checkpointed = state.range(0) != 0;

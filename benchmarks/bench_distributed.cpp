@@ -75,8 +75,7 @@ void guarded(benchmark::State& state, void (*body)(benchmark::State&, bool), boo
   }
 }
 
-// ---- all-reduce against message size
-// -------------------------------------------------------------
+// ---- all-reduce against message size ------------------------------------------------------------
 void allreduce(benchmark::State& state, bool cuda) {
   torch::Device device(torch::kCPU);
   if (!rank_device(state, cuda, device)) return;

@@ -13,8 +13,7 @@
 
 namespace {
 
-// ---- step time and peak memory against batch size
-// --------------------------------------------------
+// ---- step time and peak memory against batch size -----------------------------------------------
 void step_memory(benchmark::State& state, const c10::Device& device) {
   course::install_counting_cpu_allocator();
   const std::int64_t batch = state.range(0);

@@ -38,8 +38,7 @@ struct WideImpl : torch::nn::Module {
 };
 TORCH_MODULE(Wide);
 
-// ---- matmul: fp32 against autocast
-// ------------------------------------------------------------------
+// ---- matmul: fp32 against autocast --------------------------------------------------------------
 void matmul(benchmark::State& state, const c10::Device& device) {
   state.SetLabel(kPrecisions[state.range(0)]);
   const std::int64_t n = state.range(1);
@@ -61,8 +60,7 @@ void BM_AutocastMatmulCuda(benchmark::State& state) {
   if (bench::gpu_or_skip(state, device)) matmul(state, device);
 }
 
-// ---- the matmul alone, its inputs already in the precision (no casts timed)
-// ----------------------
+// ---- the matmul alone, its inputs already in the precision (no casts timed) ---------------------
 void BM_MatmulInPrecisionCuda(benchmark::State& state) {
   c10::Device device(torch::kCPU);
   if (!bench::gpu_or_skip(state, device)) return;

@@ -190,8 +190,7 @@ void BM_GraphedEpochCuda(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * batches.count() * lesson19::kBatchSize);
 }
 
-// ---- one epoch of lesson 21's fused form, eager or its whole epoch in one CUDA graph
-// -------------
+// ---- one epoch of lesson 21's fused form, eager or its whole epoch in one CUDA graph ------------
 void fused_epoch(benchmark::State& state, const c10::Device& device, bool graphed) {
   const course::ImageSet* data = train_set(state);
   if (data == nullptr) return;

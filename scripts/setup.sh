@@ -32,7 +32,7 @@ if [ "$flavour" = auto ]; then
   fi
 fi
 
-# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09 and 17, CPU ranks);
+# libgloo-dev: Gloo's headers, which c10d's ProcessGroupGloo.hpp includes (lessons 09, 17 and 18, CPU ranks);
 # neither LibTorch flavour ships them.
 # clang-format: Debian 12's is version 14, the one scripts/check-format (the suite's style check) uses.
 packages=(cmake g++ ninja-build libgtest-dev libbenchmark-dev libcli11-dev zlib1g-dev doxygen

@@ -16,10 +16,9 @@
 
 namespace {
 
-// ---- part 1
-// --------------------------------------------------------------------------------------- Tests
-// that a DataParallel step (replicas on CPU threads) gives one model's loss and gradients on the
-// whole batch, leaves them on the model's parameters, and does not touch its values.
+// ---- part 1 -------------------------------------------------------------------------------------
+// Tests that a DataParallel step (replicas on CPU threads) gives one model's loss and gradients on
+// the whole batch, leaves them on the model's parameters, and does not touch its values.
 TEST(Lesson09DataParallel, MatchesOneModelOnTheWholeBatch) {
   for (const auto dtype : {torch::kFloat, torch::kDouble}) {
     for (int replicas : {2, 3}) {  // 3 does not divide the batch: chunks of 34, 34, 32
@@ -128,8 +127,7 @@ TEST(Lesson09Rendezvous, NoStoreIsAnErrorWithinTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
-// ---- training
-// -------------------------------------------------------------------------------------
+// ---- training -----------------------------------------------------------------------------------
 class Lesson09Training : public FashionMnistTest {
  protected:
   void SetUp() override {

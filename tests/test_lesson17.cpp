@@ -26,11 +26,10 @@ course::RankInfo local_rank_of(int local_rank, int local_world_size) {
   return info;
 }
 
-// ---- which device each rank takes
-// ------------------------------------------------------------------ Tests the rule every rank
-// applies: a GPU per rank when there are enough; one visible GPU per rank through
-// CUDA_VISIBLE_DEVICES; too few GPUs: every rank on the CPU (auto) or a usage error (cuda), on
-// every rank alike, so that no job mixes NCCL and Gloo ranks.
+// ---- which device each rank takes ------------------------------------------------------------
+// Tests the rule every rank applies: a GPU per rank when there are enough; one visible GPU per
+// rank through CUDA_VISIBLE_DEVICES; too few GPUs: every rank on the CPU (auto) or a usage error
+// (cuda), on every rank alike, so that no job mixes NCCL and Gloo ranks.
 TEST(Lesson17RankDevice, OneRuleForEveryRank) {
   using lesson17::rank_device;
   // Enough GPUs: each local rank its own.
@@ -69,10 +68,9 @@ TEST(Lesson17RankDevice, RanksMustAgree) {
   EXPECT_EQ(course::device_identity(torch::kCPU), "cpu");
 }
 
-// ---- the rendezvous
-// ------------------------------------------------------------------------------ Tests the
-// rendezvous' one wait through a real store: two ranks (threads) meet; a rank alone gives up after
-// the timeout, not later, with the message that says how many arrived.
+// ---- the rendezvous -----------------------------------------------------------------------------
+// Tests the rendezvous' one wait through a real store: two ranks (threads) meet; a rank alone gives
+// up after the timeout, not later, with the message that says how many arrived.
 TEST(Lesson17Rendezvous, RanksMeetOrGiveUpWithinTheTimeout) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   on_ranks(2, [&](int rank) {

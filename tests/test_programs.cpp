@@ -2,7 +2,7 @@
 // runs it (tests/program_run.h): --help exits 0 and a bad flag or device exits 2 (every lesson and
 // exercise), a lesson that reads Fashion-MNIST exits 2 with a HINT when the data is not there, one
 // that stops on Ctrl-C does so at the end of a step (exit 130, lessons 10 and 14 keeping their
-// last whole epoch), lessons 09 and 17 as real c10d jobs of processes on this host, started the
+// last whole epoch), lessons 09, 17 and 18 as real c10d jobs of processes on this host, started the
 // way torchrun starts ranks (its environment variables), so that CI needs no launcher, and the
 // tutorial's Python program on torchvision's dataset and on its own. The programs come from the
 // lesson registry (programs.inc, written by tests/CMakeLists.txt).
@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Programs, StopsOnCtrlC,
                          })),
                          program_name);
 
-// ---- lessons 09 and 17 as jobs of processes -----------------------------------------------------
+// ---- lessons 09, 17 and 18 as jobs of processes -------------------------------------------------
 int free_port() {  // one the kernel picks; free when this returns
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -389,11 +389,11 @@ TEST_P(Lesson17Jobs, NcclTwoRanksOnOneGpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Lessons, Lesson17Jobs, ::testing::Values("lesson17"), lesson_name);
 
-// ---- the tutorial's Python program
-// ---------------------------------------------------------------- On torchvision's FashionMNIST
-// (--torchvision, what the yardstick times) and on its own IDX Dataset it trains the same model on
-// the same batches: one epoch on 2,000 images from one seed prints the same loss and accuracy.
-// Skipped without a Python with this build's torch, or when that Python has no torchvision.
+// ---- the tutorial's Python program --------------------------------------------------------------
+// On torchvision's FashionMNIST (--torchvision, what the yardstick times) and on its own IDX
+// Dataset it trains the same model on the same batches: one epoch on 2,000 images from one seed
+// prints the same loss and accuracy. Skipped without a Python with this build's torch, or when that
+// Python has no torchvision.
 TEST(TutorialProgram, TorchvisionsDatasetAndItsOwnTrainTheSame) {
   const std::string python = GPU_LESSONS_PYTHON, program = TUTORIAL_PROGRAM;
   if (python.empty()) GTEST_SKIP() << "no Python with this build's torch";
