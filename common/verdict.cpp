@@ -45,7 +45,7 @@ std::string hint_for(const std::string& message) {
            "or .to(torch::kCUDA) (choose the device once, torch::cuda::is_available() ? "
            "torch::kCUDA : torch::kCPU, and write .to(device) everywhere), or a file saved on a "
            "GPU loaded without a device (name one: torch::load(model, path, device), Python's "
-           "map_location); lesson 04 shows both";
+           "map_location); lesson 04's mistakes 4 and 5";
   }
   if (has("Can't detach views in-place")) {
     return "zero_grad() was called on parameters whose gradients are views into one flat tensor "

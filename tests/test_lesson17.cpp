@@ -14,7 +14,6 @@
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
 #include "distributed_failures.cpp"
-#include "fashion_mnist_test.h"
 #include "ranks_test.h"
 
 namespace {
@@ -144,6 +143,25 @@ TEST(Lesson17Rendezvous, PortInUseIsAClearError) {
 }
 
 // ---- collectives with a deadline -------------------------------------------------------------
+// Tests a rank's start, on a real Gloo job of three ranks meeting through a TCPStore: each joins
+// (join_job: the store, the others met, the group), answers the first all-reduce (connect_group),
+// and the collectives with a deadline sum every rank's tensor.
+TEST_F(GlooTest, ThreeRanksJoinAndSum) {
+  constexpr int kWorld = 3;
+  const int port = course::free_tcp_port();
+  const std::chrono::milliseconds timeout(30000);
+  on_ranks(kWorld, [&](int rank) {
+    course::RankInfo info = local_rank_of(rank, kWorld);
+    info.master_port = port;
+    auto group = lesson17::join_job(info, torch::kCPU, timeout);
+    lesson17::connect_group(*group, info, torch::kCPU, timeout);
+    torch::Tensor grads = torch::arange(1000, torch::kFloat) * static_cast<float>(rank + 1);
+    lesson17::allreduce_sum(*group, grads, timeout);
+    EXPECT_TRUE(torch::equal(grads, torch::arange(1000, torch::kFloat) * 6.0f)) << rank;
+    course::shutdown_group(*group);
+  });
+}
+
 // Tests that a collective gives up on a rank that stopped taking part: rank 1 of a Gloo group
 // never joins rank 0's all-reduce, whose wait ends with an error after its timeout, not later.
 // In a process of its own (a death test, run anew: "threadsafe"): the groups it leaves behind, as

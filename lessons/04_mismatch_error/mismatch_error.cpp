@@ -7,10 +7,10 @@
 //     with "Expected all tensors to be on the same device, but found at least two devices";
 //   - the usual cause in a program: the model was moved to the GPU, the batch was not; the fix:
 //     move each batch to the model's device (or create it there);
-//   - the tutorials' common mistakes, each with LibTorch's own message, the course's HINT and the
-//     fix: the model left on the host, the labels left on the host, predictions compared with
-//     labels on the host, .cuda() where there is no CUDA, a GPU's checkpoint loaded without a
-//     device;
+//   - the tutorials' common mistakes, each that can happen on this machine with LibTorch's own
+//     message, the course's HINT and the fix: the model left on the host, the labels left on the
+//     host, predictions compared with labels on the host, .cuda() where there is no CUDA, a GPU's
+//     checkpoint loaded without a device;
 //   - on a machine without a GPU, the meta device (shapes without data) stands in for it where
 //     an operation checks devices (an elementwise op, a comparison), not where it does not (a
 //     matrix product, the loss): the lesson says which, and shows those on a GPU only.
@@ -35,22 +35,24 @@
 namespace lesson04 {
 
 // ---- knobs -----------------------------------------------------------------------------------
+//! [knobs]
 constexpr std::uint64_t kSeed = 4;
-constexpr std::int64_t kFeatures = 16;
-constexpr std::int64_t kClasses = 4;
-constexpr std::int64_t kBatch = 8;
+constexpr std::int64_t kFeatures = 16;  // each example's features, the model's input
+constexpr std::int64_t kClasses = 4;    // the model's outputs
+constexpr std::int64_t kBatch = 8;      // examples in a batch
+//! [knobs]
 /// The stable part of LibTorch's message when an op mixes devices (1.13 and 2.x).
 constexpr const char* kMismatchText = "Expected all tensors to be on the same device";
 
 // ---- 1. The tutorial's golden rule -------------------------------------------------------------
-/// What the tutorial's lines did.
+//! [golden-rule]
+/// What the tutorial's lines did, for main's checks.
 struct GoldenRule {
   bool demonstrated = false;  ///< the mismatch was tried (the device is not the CPU)
   std::string error;          ///< LibTorch's message, without its C++ backtrace
   torch::Tensor result;       ///< the sum after the fix (undefined when not demonstrated)
 };
 
-//! [golden-rule]
 GoldenRule golden_rule(const torch::Device& device) {
   GoldenRule rule;
   // Create one tensor on the CPU and one on the device
@@ -60,7 +62,7 @@ GoldenRule golden_rule(const torch::Device& device) {
   std::cout << "Device of tensor_gpu: " << tensor_gpu.device() << "\n";
 
   // The tutorial asks `device.type == 'cuda'`; any device but the CPU shows the error (main
-  // passes the meta device where there is no GPU).
+  // passes the meta device where there is no GPU: model_device_for below).
   if (device.type() != torch::kCPU) {
     rule.demonstrated = true;
     try {
@@ -123,10 +125,11 @@ Classifier make_model(const torch::Device& model_device) {
 }
 //! [model]
 
+//! [attempt]
 /// The device of a model's parameters.
 torch::Device device_of(Classifier& model) { return model->parameters().front().device(); }
 
-/// The outcome of one forward pass: its output, or the error it threw.
+/// The outcome of one try: its output, or the error it threw.
 struct Attempt {
   bool threw = false;
   std::string message;   ///< first line of the error, no backtrace
@@ -134,7 +137,6 @@ struct Attempt {
 };
 
 namespace {  // attempt() and attempt_forward(): this file's own helpers, no other file calls them
-//! [attempt]
 /// Runs `run` (any callable returning a tensor, e.g. a lambda `[&] { return ...; }`, Python's
 /// `lambda: ...`), catching the error it throws as Python's `except RuntimeError as e` would.
 template <typename Run>
@@ -148,12 +150,13 @@ Attempt attempt(Run&& run) {
   }
   return result;
 }
-//! [attempt]
+
 // The model's forward pass on `batch`, as an attempt.
 Attempt attempt_forward(Classifier& model, const torch::Tensor& batch) {
   return attempt([&] { return model->forward(batch); });
 }
 }  // namespace
+//! [attempt]
 
 /// The mistake: a batch left on the CPU fed to the model.
 //! [mistake]
@@ -253,6 +256,12 @@ void save_on(const torch::Device& device, const std::string& path) {
   torch::save(make_model(device), path);
 }
 
+/// "8x4": the shape of what `run` returned ("none" when it threw).
+std::string shape_of(const Attempt& run) {
+  if (run.threw) return "none";
+  return std::to_string(run.output.size(0)) + "x" + std::to_string(run.output.size(1));
+}
+
 /// Prints the error of `mistake` with the course's HINT under it, then checks that it raised
 /// one whose HINT names a fix, and that `fixed` ran with its result on `where`.
 void report(course::Verdict& verdict, const std::string& what, const Attempt& mistake,
@@ -277,8 +286,11 @@ int main(int argc, char** argv) try {
       "lesson04_mismatch_error",
       "Lesson 04: the 'Expected all tensors to be on the same device' error and its fix.", options);
   if (auto code = cli.parse(argc, argv)) return *code;
-  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);  // tutorials'
-  device = course::start_lesson(options, device);  // --device may override it; printed first
+  // The tutorials' first line; --device may override it (start_lesson prints the device first).
+  torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
+  device = course::start_lesson(options, device);
+  // Where the mistakes are made: the GPU, or the meta device in its place.
+  const torch::Device gpu = model_device_for(device);
   course::Verdict verdict;
   torch::manual_seed(options.seed);
 
@@ -286,7 +298,7 @@ int main(int argc, char** argv) try {
   GoldenRule rule = golden_rule(device);
   if (!rule.demonstrated) {
     std::cout << "\nThe same lines with the meta device (shapes, no numbers) in the GPU's place:\n";
-    rule = golden_rule(torch::Device(torch::kMeta));
+    rule = golden_rule(gpu);
   }
   const std::string on = rule.result.device().str();
   verdict.check(rule.error.find(kMismatchText) != std::string::npos,
@@ -295,9 +307,8 @@ int main(int argc, char** argv) try {
                 "the sum runs once both tensors are on " + on);
 
   std::cout << "\nThe same mistake in a program: a model on the device, a batch on the CPU\n";
-  const torch::Device model_device = model_device_for(device);
-  Classifier model = make_model(model_device);
-  if (model_device.is_meta()) {
+  Classifier model = make_model(gpu);
+  if (gpu.is_meta()) {
     std::cout << "No GPU in use: the model goes to the meta device, which raises the same error\n"
                  "  as a GPU would here: its first op, x - mean, checks devices. (With a GPU, the\n"
                  "  message names the two devices, e.g. cuda:0 and cpu.)\n";
@@ -308,9 +319,8 @@ int main(int argc, char** argv) try {
   if (mistake.threw) {
     course::print_error(mistake.message, course::hint_for(mistake.message));
   }
-  verdict.check(
-      mistake.threw && mistake.message.find(kMismatchText) != std::string::npos,
-      "a CPU batch fed to a model on " + model_device.str() + " raises the mismatch error");
+  verdict.check(mistake.threw && mistake.message.find(kMismatchText) != std::string::npos,
+                "a CPU batch fed to a model on " + gpu.str() + " raises the mismatch error");
   verdict.check(course::hint_for(mistake.message).find(".to(device)") != std::string::npos,
                 "the error gets a HINT naming the fix");
 
@@ -318,19 +328,14 @@ int main(int argc, char** argv) try {
   const Attempt fixed = feed_moved_batch(model);
   const bool right_shape =
       !fixed.threw && fixed.output.sizes() == torch::IntArrayRef({kBatch, kClasses});
-  std::string shape = "none";
-  if (!fixed.threw) {
-    shape = std::to_string(fixed.output.size(0)) + "x" + std::to_string(fixed.output.size(1));
-  }
-  verdict.check(right_shape && fixed.output.device() == model_device,
-                "the moved batch runs: output " + shape + " on " + model_device.str());
-  if (model_device.is_meta()) {
+  verdict.check(right_shape && fixed.output.device() == gpu,
+                "the moved batch runs: output " + shape_of(fixed) + " on " + gpu.str());
+  if (gpu.is_meta()) {
     std::cout << "  (meta tensors carry shapes and dtypes but no numbers: nothing to print)\n";
   } else {
     std::cout << "  first row of the output: " << fixed.output[0].to(torch::kCPU) << "\n";
   }
 
-  const torch::Device gpu = model_device;  // the GPU, or meta in its place
   std::cout << "\nThe tutorials' common mistakes, on " << gpu << " and cpu:\n";
   std::cout << "\nMistake 1: the model left on cpu, the batch moved to " << gpu << "\n";
   report(verdict, "mistake 1", model_left_on_host(gpu), model_moved(gpu), gpu);
@@ -344,8 +349,10 @@ int main(int argc, char** argv) try {
   const Attempt loss = loss_of(outputs, labels);
   if (gpu.is_meta() && !loss.threw) {
     std::cout << "  no error: the loss came back on " << loss.output.device()
-              << ". The meta device cannot show this\n  mistake: the loss does not check meta "
-                 "against cpu. On a GPU it is the mismatch\n  error (lesson 04's CUDA test).\n";
+              << ". The meta device cannot show this\n";
+    std::cout << "  mistake: the loss does not check meta against cpu. On a GPU it is the "
+                 "mismatch\n";
+    std::cout << "  error (lesson 04's CUDA test).\n";
     verdict.check(!loss_of(outputs, labels_on_device).threw, "the fix runs on " + gpu.str());
   } else {
     report(verdict, "mistake 2", loss, loss_of(outputs, labels_on_device), gpu);
@@ -358,6 +365,7 @@ int main(int argc, char** argv) try {
 
   std::cout << "\nMistake 4: .cuda() written into the program\n";
   const Attempt cuda = cuda_everywhere();
+  // Whether the machine has CUDA, whatever --device chose: .cuda() does not ask which device.
   if (torch::cuda::is_available()) {  // it runs here; on a machine without CUDA it raises
     std::cout << "  this machine has CUDA: .cuda() runs here, and fails on one without\n";
     const Attempt fixed = to_device();
@@ -374,10 +382,11 @@ int main(int argc, char** argv) try {
     save_on(gpu, path);
     const Attempt back = load_without_device(path);
     const Attempt mapped = load_onto(path, torch::kCPU);
-    std::cout << "  torch::load(model, path): the weights land on "
-              << (back.threw ? back.message : back.output.device().str())
-              << " (where they were saved); torch::load(model, path, torch::kCPU): on "
-              << (mapped.threw ? mapped.message : mapped.output.device().str()) << "\n";
+    const std::string back_on = back.threw ? back.message : back.output.device().str();
+    const std::string mapped_on = mapped.threw ? mapped.message : mapped.output.device().str();
+    std::cout << "  torch::load(model, path): the weights land on " << back_on
+              << " (where they were saved); torch::load(model, path, torch::kCPU): on " << mapped_on
+              << "\n";
     verdict.check(!back.threw && back.output.device() == gpu,
                   "loaded without a device, the weights go back to " + gpu.str());
     verdict.check(!mapped.threw && mapped.output.is_cpu(),

@@ -21,37 +21,31 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <iostream>
-#include <thread>
+#include <string>
 
 #include "common/ann.h"            // defines: ANN, test_accuracy
-#include "common/child_process.h"  // defines: ChildProcess, describe_status, self_executable
-#include "common/cli.h"            // defines: Cli, start_lesson, available_cores
-#include "common/compare.h"        // defines: relative_diff, tolerance_for, checksum
-#include "common/data.h"           // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
+#include "common/child_process.h"  // defines: describe_status, self_executable
+#include "common/cli.h"            // defines: Cli, start_lesson
+#include "common/compare.h"        // defines: checksum
+#include "common/data.h"           // defines: find_fashion_mnist, load_fashion_mnist_splits
 #include "common/device.h"         // defines: cuda_device_count
 #include "common/report.h"         // defines: format
-#include "common/timing.h"         // defines: Stopwatch (lesson 09's epoch time)
 #include "common/verdict.h"        // defines: Verdict, CourseError, UsageError, report_error
-#include "distributed/c10d.h"      // defines: CommGroup, abort_group, shutdown_group
-#include "distributed/launch.h"    // defines: RankInfo, device_identity, exit_lost_job
-#include "distributed/sampler.h"   // defines: epoch_order, shard_indices (lesson 09's shards)
-#include "job.h"                   // defines: train_data_parallel, connect_store, wait_within
+#include "distributed/c10d.h"      // defines: shutdown_group
+#include "distributed/launch.h"    // defines: RankInfo, LocalJob, run_local_job, exit_lost_job
+#include "job.h"                   // defines: join_job, train_data_parallel, connect_store
 
 namespace lesson17 {
 
 using course::ANN;
 
-// ---- knobs --------------------------------------------------------------------------------------
+// ---- knobs (the job's own, lesson 09's, are in job.h) -------------------------------------------
+// 14: this lesson's number when its GPU runs were recorded, so that a run today repeats them.
 constexpr std::uint64_t kSeed = 14;
-constexpr int kEpochs = 5;  // lesson 09's job: its epochs, batch and Adam
-constexpr std::int64_t kBatchPerRank = 64;
-constexpr int kTimeoutSeconds = 120;           // a rank dead or missing: give up after this
-constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
 constexpr double kChance = 0.1;         // ten classes: a model that learned nothing scores this
+constexpr double kAccuracyBar = 0.85;   // lesson 09's bar, after kEpochs on all 60,000 images
 constexpr int kFailTimeoutSeconds = 5;  // run plainly: the jobs' --timeout
 constexpr int kFailEpochs = 50;         // a rank to be killed or stopped is still training then
 constexpr int kSlackSeconds = 15;       // start-up (LibTorch, the data) on a busy machine
@@ -60,25 +54,15 @@ constexpr int kSlackSeconds = 15;       // start-up (LibTorch, the data) on a bu
 constexpr int kQuickFailTimeoutSeconds = 3;
 
 // ---- a rank of the job: lesson 09's part 2, ending within --timeout when a rank fails ---------
+//! [rank-job]
 void rank_job(const course::RankInfo& info, const torch::Device& device,
               const course::ImageSet& train, const course::ImageSet& test, int epochs,
               std::int64_t batch, std::uint64_t seed, std::chrono::milliseconds timeout,
               course::Verdict& verdict) {
-  std::printf("rank %d of %d (local rank %d): rendezvous at %s:%d, timeout %lld s\n", info.rank,
-              info.world_size, info.local_rank, info.master_addr.c_str(), info.master_port,
-              static_cast<long long>(timeout.count() / 1000));
-  auto store = connect_store(info, timeout);
-  meet_the_others(*store, info, device, timeout);  // everyone is here, one backend for all
-  auto group = make_group(store, info.rank, info.world_size, device, timeout);
+  auto group = join_job(info, device, timeout);  // the store, the others met, the group
   ANN model{nullptr};
-  int answered = 0;
   try {
-    // NCCL connects at its first collective: only an answer from every rank says the group works.
-    torch::Tensor ones = torch::ones({1}, torch::TensorOptions().device(device));
-    allreduce_sum(*group, ones, timeout);
-    answered = ones.item<int>();
-    std::printf("%s group of %d connected (%d rank(s) answered a first all-reduce)\n",
-                device.is_cuda() ? "nccl" : "gloo", info.world_size, answered);
+    connect_group(*group, info, device, timeout);  // every rank answers a first all-reduce
     model = train_data_parallel(*group, info.rank, info.world_size, train, epochs, batch, device,
                                 seed, timeout);
   } catch (const std::exception& e) {  // a peer died (its socket closed) or stopped answering
@@ -89,11 +73,17 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
       torch::nn::utils::parameters_to_vector(model->parameters()).detach();
   std::printf("parameter checksum %016llx\n",
               static_cast<unsigned long long>(course::checksum(parameters)));
-  verdict.check(answered == info.world_size, "every rank answered, and the job trained to its end");
+  // Here every collective was answered (a rank lost exits above): the job trained to its end.
   const double accuracy = course::test_accuracy(model, test, device);
-  verdict.check(accuracy > kChance, "the ranks' model classifies better than chance",
-                course::format("test accuracy %.4f", accuracy));
+  if (epochs >= kEpochs && train.images.size(0) >= 60000) {  // lesson 09's whole run
+    verdict.check(accuracy >= kAccuracyBar, "the job trained to its end, to lesson 09's bar",
+                  course::format("test accuracy %.4f, bar %.2f", accuracy, kAccuracyBar));
+  } else {  // a shorter run (--quick, fewer --epochs): it learned something
+    verdict.check(accuracy > kChance, "the job trained to its end, better than chance",
+                  course::format("test accuracy %.4f", accuracy));
+  }
 }
+//! [rank-job]
 
 // ---- run plainly: jobs of two ranks, one of them failed -----------------------------------------
 //! [failures]
@@ -169,7 +159,7 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
       std::printf("   (skipped: needs %d GPU(s), --device cuda)\n", f.gpus);
       continue;
     }
-    std::string said[2];  // what lesson 09's and this lesson's first rank said
+    std::string said09, said17;  // what lesson 09's and this lesson's first rank said
     for (const bool as09 : {true, false}) {
       if (as09 && !have09) continue;
       const auto [e, line] = run_job(as09 ? lesson09 : here, f, flags, timeout_s);
@@ -178,8 +168,12 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
                   e.seconds,
                   line.size() > 100 ? (line.substr(0, 97) + "...").c_str() : line.c_str());
       std::fflush(stdout);
-      said[as09] = line.substr(0, 35);  // enough for "parameter checksum " and its 16 digits
-      if (as09) continue;
+      // Enough for "parameter checksum " and its 16 digits.
+      if (as09) {
+        said09 = line.substr(0, 35);
+        continue;
+      }
+      said17 = line.substr(0, 35);
       const bool ended = !e.hung && std::all_of(e.statuses.begin(), e.statuses.end(), [&](int s) {
         return WIFEXITED(s) && WEXITSTATUS(s) == f.code;
       });
@@ -190,7 +184,7 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
           std::string(f.what) + ": exit " + std::to_string(f.code) + ", \"" + f.says + "\"");
     }
     if (f.code == 0 && have09)
-      verdict.check(said[0] == said[1], "the same parameters as lesson 09's");
+      verdict.check(said09 == said17, "the same parameters as lesson 09's");
   }
 }
 
@@ -215,17 +209,11 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
 
   const std::optional<course::RankInfo> job = course::rank_from_environment();
-  RankDevice choice{options.device, ""};
-  if (job) {  // one rank per device, by one rule on every rank; the host's cores shared out
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    choice = rank_device(options.device, course::cuda_device_count(), *job, visible ? visible : "");
-    options.device = choice.device;
-    if (options.threads == 0)
-      options.threads = std::max(1, course::available_cores() / job->local_world_size);
-  }
+  // One rank per device, by one rule on every rank; the host's cores shared out.
+  const std::string reason = job ? take_rank_device(options, *job) : "";
   const torch::Device device = course::start_lesson(options);  // prints the device first
-  if (!choice.reason.empty()) std::cout << "(" << choice.reason << ")\n";
-  const auto folder = course::find_fashion_mnist(options.data_dir);  // every rank reads it
+  if (!reason.empty()) std::cout << "(" << reason << ")\n";
+  course::find_fashion_mnist(options.data_dir);  // every rank reads it: said at once if missing
   course::Verdict verdict;
   if (timeout_s == 0)
     timeout_s = job             ? kTimeoutSeconds
@@ -236,9 +224,8 @@ int main(int argc, char** argv) try {
                verdict);
     return verdict.finish("lesson 17 on " + device.str());
   }
-  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = course::take(train, kQuickSamples);
+  const auto [folder, train, test] =
+      course::load_fashion_mnist_splits(options.data_dir, options.quick, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
   rank_job(*job, device, train, test, epochs, batch, options.seed, std::chrono::seconds(timeout_s),
            verdict);

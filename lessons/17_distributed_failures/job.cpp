@@ -13,17 +13,17 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
+#include "common/device.h"        // defines: cuda_device_count
 #include "common/timing.h"        // defines: Stopwatch (lesson 09's epoch time)
 #include "common/verdict.h"       // defines: CourseError, UsageError, error_message
 #include "distributed/sampler.h"  // defines: epoch_order, shard_indices (lesson 09's shards)
 
 namespace lesson17 {
 
-using course::ANN;
-
-// ---- lesson 09's job, as lesson 09 writes it ----------------------------------------------------
+// ---- lesson 09's job, with what this lesson changes in it ---------------------------------------
 // The tutorial's ANN (common/ann.h; lesson 09 declares it again, layers in the same order: the same
 // seed, the same weights). Lesson 09's shards: course::epoch_order and course::shard_indices.
 using course::ANN;
@@ -156,6 +156,17 @@ std::string devices_conflict(const std::vector<std::string>& identities) {
   return "";
 }
 
+// A rank's device by rank_device's rule, and its share of the host's cores.
+std::string take_rank_device(course::CommonOptions& options, const course::RankInfo& job) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const RankDevice choice =
+      rank_device(options.device, course::cuda_device_count(), job, visible ? visible : "");
+  options.device = choice.device;
+  if (options.threads == 0)
+    options.threads = std::max(1, course::available_cores() / job.local_world_size);
+  return choice.reason;
+}
+
 // ---- the rendezvous, with its deadline ----------------------------------------------------------
 //! [connect-store]
 // Lesson 09's store, whose failures are told apart: a port already taken on rank 0, or an address
@@ -277,5 +288,25 @@ void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device
   work.wait();  // a collective that failed throws its error here
 }
 //! [wait-within]
+
+// ---- a rank joins its job ----------------------------------------------------------------------
+c10::intrusive_ptr<course::CommGroup> join_job(const course::RankInfo& info,
+                                               const torch::Device& device,
+                                               std::chrono::milliseconds timeout) {
+  std::printf("rank %d of %d (local rank %d): rendezvous at %s:%d, timeout %lld s\n", info.rank,
+              info.world_size, info.local_rank, info.master_addr.c_str(), info.master_port,
+              static_cast<long long>(timeout.count() / 1000));
+  auto store = connect_store(info, timeout);
+  meet_the_others(*store, info, device, timeout);  // everyone is here, one backend for all
+  return make_group(store, info.rank, info.world_size, device, timeout);  // it keeps the store
+}
+
+void connect_group(course::CommGroup& group, const course::RankInfo& info,
+                   const torch::Device& device, std::chrono::milliseconds timeout) {
+  torch::Tensor answered = torch::ones({1}, torch::TensorOptions().device(device));
+  allreduce_sum(group, answered, timeout);
+  std::printf("%s group of %d connected (%d rank(s) answered a first all-reduce)\n",
+              device.is_cuda() ? "nccl" : "gloo", info.world_size, answered.item<int>());
+}
 
 }  // namespace lesson17

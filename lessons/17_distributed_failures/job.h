@@ -15,13 +15,19 @@
 #include <vector>
 
 #include "common/ann.h"          // defines: ANN
+#include "common/cli.h"          // defines: CommonOptions
 #include "common/data.h"         // defines: ImageSet
 #include "distributed/c10d.h"    // defines: CommGroup, abort_group
 #include "distributed/launch.h"  // defines: RankInfo
 
 namespace lesson17 {
 
-constexpr double kLearningRate = 1e-3;  // lesson 09's Adam
+// ---- the job's settings: lesson 09's epochs, batch and Adam; how long a rank waits -----------
+constexpr int kEpochs = 5;
+constexpr std::int64_t kBatchPerRank = 64;
+constexpr double kLearningRate = 1e-3;
+constexpr int kTimeoutSeconds = 120;           // a rank dead or missing: give up after this
+constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
 
 /// The device a rank takes, and why the ranks train on the CPU although GPUs are visible.
 struct RankDevice {
@@ -34,6 +40,9 @@ RankDevice rank_device(const std::string& requested, int gpus, const course::Ran
                        const std::string& cuda_visible_devices);
 /// Why ranks on these devices (identities in rank order) cannot form one group; "" when they can.
 std::string devices_conflict(const std::vector<std::string>& identities);
+/// A rank's options under torchrun: its device by rank_device's rule (into options.device) and its
+/// share of the host's cores (options.threads, unless given). Returns rank_device's reason.
+std::string take_rank_device(course::CommonOptions& options, const course::RankInfo& job);
 
 /// Lesson 09's store, whose failures are told apart (a port taken, an address nobody serves).
 c10::intrusive_ptr<c10d::Store> connect_store(const course::RankInfo& info,
@@ -47,6 +56,14 @@ c10::intrusive_ptr<course::CommGroup> make_group(const c10::intrusive_ptr<c10d::
                                                  int rank, int world_size,
                                                  const torch::Device& device,
                                                  std::chrono::milliseconds timeout);
+/// A rank joins its job, saying so: the store (connect_store), every rank met (meet_the_others),
+/// the group made (make_group). Its errors are course::CourseError: the job never started.
+c10::intrusive_ptr<course::CommGroup> join_job(const course::RankInfo& info,
+                                               const torch::Device& device,
+                                               std::chrono::milliseconds timeout);
+/// The group's first all-reduce, which every rank must answer (NCCL connects only then), printed.
+void connect_group(course::CommGroup& group, const course::RankInfo& info,
+                   const torch::Device& device, std::chrono::milliseconds timeout);
 /// Waits at most `timeout` for `work`, a collective on `device`'s tensors; then aborts the group
 /// and throws std::runtime_error. A collective that failed throws its own error.
 void wait_within(course::CommGroup& group, c10d::Work& work, const torch::Device& device,

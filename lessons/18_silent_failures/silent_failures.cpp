@@ -17,18 +17,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>  // defines: c10d::HashStore (a group of one)
 #include <vector>
 
-#include "common/ann.h"            // defines: ANN, test_accuracy, gradients
+#include "common/ann.h"            // defines: ANN, test_accuracy
 #include "common/child_process.h"  // defines: self_executable
-#include "common/cli.h"            // defines: Cli, start_lesson, available_cores
-#include "common/compare.h"        // defines: relative_diff, tolerance_for, checksum
-#include "common/data.h"           // defines: ImageSet, find_fashion_mnist, load_fashion_mnist
-#include "common/device.h"         // defines: cuda_device_count
+#include "common/cli.h"            // defines: Cli, CommonOptions, start_lesson
+#include "common/compare.h"        // defines: relative_diff, tolerance_for, checksum, gradients
+#include "common/data.h"           // defines: find_fashion_mnist, load_fashion_mnist_splits
 #include "common/verdict.h"        // defines: Verdict, report_error
 #include "distributed/c10d.h"      // defines: CommGroup, shutdown_group
 #include "distributed/launch.h"    // defines: RankInfo, LocalJob, run_local_job, exit_lost_job
@@ -37,21 +35,18 @@
 namespace lesson18 {
 
 using course::ANN;
-using lesson17::allreduce_sum;
-using lesson17::connect_store;
+using lesson17::kBatchPerRank;  // the job's knobs: lesson 09's epochs and batch, a rank's wait
+using lesson17::kEpochs;
+using lesson17::kQuickSamples;
+using lesson17::kTimeoutSeconds;
 using lesson17::make_group;
-using lesson17::meet_the_others;
 using lesson17::StepCheck;
 using lesson17::train_data_parallel;
 using lesson17::wait_within;
 
 // ---- knobs --------------------------------------------------------------------------------------
-constexpr std::uint64_t kSeed = 18;
-constexpr int kEpochs = 5;  // lesson 09's job: its epochs and batch
-constexpr std::int64_t kBatchPerRank = 64;
-constexpr int kTimeoutSeconds = 120;           // a rank dead or missing: give up after this
-constexpr std::int64_t kQuickSamples = 10000;  // --quick: one epoch on the first 10,000 images
-constexpr int kCheckedSteps = 5;  // the summed gradient against one process's, for these steps
+constexpr std::uint64_t kSeed = 18;  // (the job's own knobs, lesson 09's, are lesson 17's job.h)
+constexpr int kCheckedSteps = 5;     // the summed gradient against one process's, for these steps
 // The ranks against one process with the global batch: by what they learn (parameters drift).
 constexpr double kLossMargin = 0.02;      // final epoch's loss, relative
 constexpr double kAccuracyMargin = 0.01;  // test accuracy, absolute
@@ -116,20 +111,11 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
               const course::ImageSet& train, const course::ImageSet& test, int epochs,
               std::int64_t batch, std::uint64_t seed, std::chrono::milliseconds timeout,
               course::Verdict& verdict) {
-  std::printf("rank %d of %d (local rank %d): rendezvous at %s:%d, timeout %lld s\n", info.rank,
-              info.world_size, info.local_rank, info.master_addr.c_str(), info.master_port,
-              static_cast<long long>(timeout.count() / 1000));
-  auto store = connect_store(info, timeout);
-  meet_the_others(*store, info, device, timeout);  // everyone is here, one backend for all
-  auto group = make_group(store, info.rank, info.world_size, device, timeout);
+  auto group = lesson17::join_job(info, device, timeout);  // lesson 17's start of a rank
   RankRun run;
   bool same_trail = false, same_parameters = false;
   try {
-    // NCCL connects at its first collective: only an answer from every rank says the group works.
-    torch::Tensor answered = torch::ones({1}, torch::TensorOptions().device(device));
-    allreduce_sum(*group, answered, timeout);
-    std::printf("%s group of %d connected (%d rank(s) answered a first all-reduce)\n",
-                device.is_cuda() ? "nccl" : "gloo", info.world_size, answered.item<int>());
+    lesson17::connect_group(*group, info, device, timeout);
     run = train_checked(*group, info.rank, info.world_size, train, epochs, batch, device, seed,
                         timeout);
     same_trail = equals_rank0(*group, run.trail, timeout);
@@ -171,16 +157,32 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
 
 // ---- run plainly: a job of two CPU ranks of this program --------------------------------------
 // Starts this program as a job of two ranks on this host's CPU (Gloo), each with one thread, and
-// prints what each rank printed; passes when both ranks pass.
-void run_a_job(const std::string& data_dir, bool quick, std::uint64_t seed,
+// prints what each rank printed; passes when both ranks pass. The ranks get the run's --seed,
+// --quick, --data-dir, --epochs (0: their default), --batch-size and --timeout.
+void run_a_job(const course::CommonOptions& options, int epochs, std::int64_t batch, int timeout_s,
                course::Verdict& verdict) {
   course::LocalJob job;
-  job.argv = {course::self_executable(), "--device", "cpu", "--threads", "1", "--seed",
-              std::to_string(seed)};
+  job.argv = {course::self_executable(),
+              "--device",
+              "cpu",
+              "--threads",
+              "1",
+              "--seed",
+              std::to_string(options.seed),
+              "--epochs",
+              std::to_string(epochs),
+              "--batch-size",
+              std::to_string(batch),
+              "--timeout",
+              std::to_string(timeout_s)};
+  const bool quick = options.quick;
   if (quick) job.argv.push_back("--quick");
-  if (!data_dir.empty()) job.argv.insert(job.argv.end(), {"--data-dir", data_dir});
+  if (!options.data_dir.empty()) job.argv.insert(job.argv.end(), {"--data-dir", options.data_dir});
   job.port = course::free_tcp_port();
-  job.deadline = std::chrono::seconds(2 * kTimeoutSeconds);
+  // A hang's limit: the rendezvous' and the last collective's waits, and an epoch (with its run
+  // as one process) within a --timeout each.
+  const int most_epochs = epochs > 0 ? epochs : (quick ? 1 : kEpochs);
+  job.deadline = std::chrono::seconds(timeout_s) * (2 + most_epochs);
   std::printf("a job of 2 ranks on this host's CPU (Gloo), one thread each%s:\n",
               quick ? ", --quick" : "");
   std::fflush(stdout);
@@ -215,26 +217,18 @@ int main(int argc, char** argv) try {
   if (auto code = cli.parse(argc, argv)) return *code;
 
   const std::optional<course::RankInfo> job = course::rank_from_environment();
-  lesson17::RankDevice choice{options.device, ""};
-  if (job) {  // one rank per device, by lesson 17's rule; the host's cores shared out
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    choice = lesson17::rank_device(options.device, course::cuda_device_count(), *job,
-                                   visible ? visible : "");
-    options.device = choice.device;
-    if (options.threads == 0)
-      options.threads = std::max(1, course::available_cores() / job->local_world_size);
-  }
+  // One rank per device, by lesson 17's rule; the host's cores shared out.
+  const std::string reason = job ? lesson17::take_rank_device(options, *job) : "";
   const torch::Device device = course::start_lesson(options);  // prints the device first
-  if (!choice.reason.empty()) std::cout << "(" << choice.reason << ")\n";
-  const auto folder = course::find_fashion_mnist(options.data_dir);  // every rank reads it
+  if (!reason.empty()) std::cout << "(" << reason << ")\n";
+  course::find_fashion_mnist(options.data_dir);  // every rank reads it: said at once if missing
   course::Verdict verdict;
-  if (!job) {  // run plainly: a job of two ranks of this program
-    run_a_job(options.data_dir, options.quick, options.seed, verdict);
-    return verdict.finish("lesson 18 on " + device.str());
+  if (!job) {  // run plainly: a job of two ranks of this program, on the CPU
+    run_a_job(options, epochs, batch, timeout_s, verdict);
+    return verdict.finish("lesson 18: a job of 2 CPU ranks");
   }
-  course::ImageSet train = course::load_fashion_mnist(folder, /*train=*/true);
-  const course::ImageSet test = course::load_fashion_mnist(folder, /*train=*/false);
-  if (options.quick) train = course::take(train, kQuickSamples);
+  const auto [folder, train, test] =
+      course::load_fashion_mnist_splits(options.data_dir, options.quick, kQuickSamples);
   if (epochs == 0) epochs = options.quick ? 1 : kEpochs;
   rank_job(*job, device, train, test, epochs, batch, options.seed, std::chrono::seconds(timeout_s),
            verdict);
