@@ -7,10 +7,10 @@
 //     with "Expected all tensors to be on the same device, but found at least two devices";
 //   - the usual cause in a program: the model was moved to the GPU, the batch was not; the fix:
 //     move each batch to the model's device (or create it there);
-//   - the tutorials' common mistakes, each that can happen on this machine with LibTorch's own
-//     message, the course's HINT and the fix: the model left on the host, the labels left on the
-//     host, predictions compared with labels on the host, .cuda() where there is no CUDA, a GPU's
-//     checkpoint loaded without a device;
+//   - the tutorials' common mistakes, each that can happen on this machine (or be shown on the
+//     meta device, below) with LibTorch's own message, the course's HINT and the fix: the model
+//     left on the host, the labels left on the host, predictions compared with labels on the host,
+//     .cuda() where there is no CUDA, a GPU's checkpoint loaded without a device;
 //   - on a machine without a GPU, the meta device (shapes without data) stands in for it where
 //     an operation checks devices (an elementwise op, a comparison), not where it does not (a
 //     matrix product, the loss): the lesson says which, and shows those on a GPU only.
@@ -20,7 +20,8 @@
 //         once both are on the device; the CPU batch fed to the model raises it too, the HINT
 //         names the fix, and the moved batch gives an output of the right shape on the model's
 //         device; each common mistake that can happen here raises an error whose HINT names its
-//         fix, and the fix runs. Exit 0 PASS, 1 FAIL, 2 bad flag.
+//         fix, and the fix runs (on a GPU, where .cuda() and the load without a device run, that
+//         they run). Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn::Module, torch::addmm, torch::save, c10::Error
 
 #include <cstdint>
@@ -256,6 +257,11 @@ void save_on(const torch::Device& device, const std::string& path) {
   torch::save(make_model(device), path);
 }
 
+/// Where a load put the weights: their device, or the error when it threw.
+std::string landed_on(const Attempt& load) {
+  return load.threw ? load.message : load.output.device().str();
+}
+
 /// "8x4": the shape of what `run` returned ("none" when it threw).
 std::string shape_of(const Attempt& run) {
   if (run.threw) return "none";
@@ -338,7 +344,9 @@ int main(int argc, char** argv) try {
 
   std::cout << "\nThe tutorials' common mistakes, on " << gpu << " and cpu:\n";
   std::cout << "\nMistake 1: the model left on cpu, the batch moved to " << gpu << "\n";
-  report(verdict, "mistake 1", model_left_on_host(gpu), model_moved(gpu), gpu);
+  const Attempt left_on_host = model_left_on_host(gpu);
+  const Attempt moved = model_moved(gpu);
+  report(verdict, "mistake 1", left_on_host, moved, gpu);
 
   const torch::Tensor outputs = torch::randn({kBatch, kClasses}).to(gpu);  // the model's output
   const torch::Tensor labels = torch::randint(kClasses, {kBatch});         // on the host
@@ -352,7 +360,7 @@ int main(int argc, char** argv) try {
               << ". The meta device cannot show this\n";
     std::cout << "  mistake: the loss does not check meta against cpu. On a GPU it is the "
                  "mismatch\n";
-    std::cout << "  error (lesson 04's CUDA test).\n";
+    std::cout << "  error (this lesson's run on a GPU shows it).\n";
     verdict.check(!loss_of(outputs, labels_on_device).threw, "the fix runs on " + gpu.str());
   } else {
     report(verdict, "mistake 2", loss, loss_of(outputs, labels_on_device), gpu);
@@ -360,8 +368,9 @@ int main(int argc, char** argv) try {
 
   std::cout << "\nMistake 3: (predicted == labels).sum(), predicted on " << gpu
             << ", labels on cpu\n";
-  report(verdict, "mistake 3", correct_of(outputs, labels), correct_of(outputs, labels_on_device),
-         gpu);
+  const Attempt compared = correct_of(outputs, labels);
+  const Attempt compared_on_device = correct_of(outputs, labels_on_device);
+  report(verdict, "mistake 3", compared, compared_on_device, gpu);
 
   std::cout << "\nMistake 4: .cuda() written into the program\n";
   const Attempt cuda = cuda_everywhere();
@@ -382,11 +391,9 @@ int main(int argc, char** argv) try {
     save_on(gpu, path);
     const Attempt back = load_without_device(path);
     const Attempt mapped = load_onto(path, torch::kCPU);
-    const std::string back_on = back.threw ? back.message : back.output.device().str();
-    const std::string mapped_on = mapped.threw ? mapped.message : mapped.output.device().str();
-    std::cout << "  torch::load(model, path): the weights land on " << back_on
-              << " (where they were saved); torch::load(model, path, torch::kCPU): on " << mapped_on
-              << "\n";
+    std::cout << "  torch::load(model, path): the weights land on " << landed_on(back)
+              << " (where they were saved); torch::load(model, path, torch::kCPU): on "
+              << landed_on(mapped) << "\n";
     verdict.check(!back.threw && back.output.device() == gpu,
                   "loaded without a device, the weights go back to " + gpu.str());
     verdict.check(!mapped.threw && mapped.output.is_cpu(),
