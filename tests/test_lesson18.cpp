@@ -9,6 +9,7 @@
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
+#include "common/device.h"  // defines: cuda_device_count
 #include "fashion_mnist_test.h"
 #include "ranks_test.h"
 #include "silent_failures.cpp"
