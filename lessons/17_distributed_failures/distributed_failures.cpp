@@ -125,7 +125,7 @@ std::pair<course::JobEnding, std::string> run_job(const std::string& program,
   job.port = course::free_tcp_port();
   if (failure.signal != 0)
     job.argv.insert(job.argv.end(), {"--epochs", std::to_string(kFailEpochs)});
-  if (*failure.env != '\0') job.environment.emplace_back(failure.env);
+  if (failure.env[0] != '\0') job.environment.emplace_back(failure.env);  // not ""
   job.signal = failure.signal;
   job.after = "epoch 1/";
   job.deadline = std::chrono::seconds(2 * timeout_s + 4 * kSlackSeconds);  // then: hung
