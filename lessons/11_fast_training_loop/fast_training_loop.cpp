@@ -1,5 +1,5 @@
 // Lesson 11 (going further) — a fast training loop: lesson 05's loop on Fashion-MNIST, then the
-// changes that make it faster, one at a time, each measured and checked against the one before.
+// changes that make it faster, run by run, each measured and checked against the one before.
 //
 // You will learn, run by run (--run NAME), in this order:
 //   - "tutorial": lesson 05's loop, unchanged (from common/ann.h: the tutorial's ANN, LibTorch's
@@ -331,7 +331,7 @@ int main(int argc, char** argv) try {
   int batch_size = static_cast<int>(kBatchSize), workers = kWorkers;
   std::string only = "all";
   course::Cli cli("lesson11_fast_training_loop",
-                  "Lesson 11: lesson 05's loop made fast, one change at a time.", options);
+                  "Lesson 11: lesson 05's loop made fast, run by run.", options);
   cli.add_data_dir();
   cli.add_option("--epochs", epochs, "epochs (0 = 5, or 1 with --quick)", 0, 1000);
   cli.add_option("--batch-size", batch_size, "samples per step", 1, 60000);

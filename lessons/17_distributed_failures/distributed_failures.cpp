@@ -10,12 +10,14 @@
 //     watchdog aborts the process: here the host waits with a deadline, then aborts the group;
 //   - run plainly, it starts jobs of two ranks (of itself, of lesson 09) and fails one in each way.
 // Lesson 18 checks the same job for the failures that raise no error.
-// Run:    build/bin/lesson17_distributed_failures [--device ...] [--quick]  (the failures, timed)
+// Run:    build/bin/lesson17_distributed_failures [--device ...] [--timeout S] [--data-dir DIR]
+//         [--quick]  (the failures, timed)
 //         torchrun --no-python --nproc-per-node 2 build/bin/lesson17_distributed_failures  (a job)
 // Checks: run plainly, that this lesson's other rank ends with its own error and exit code within
-//         --timeout (never a hang), and that a healthy job ends with lesson 09's parameters; as a
-//         rank, that every rank answered and the model learned. Exit 0 PASS, 1 FAIL (or a rank
-//         lost), 2 bad input.
+//         --timeout and kSlackSeconds of start-up (never a hang), and that a healthy job ends
+//         with lesson 09's parameters; as a rank, that the job trained to its end and the model
+//         learned (lesson 09's bar after its whole run). Exit 0 PASS, 1 FAIL (or a rank lost), 2
+//         bad input.
 #include <signal.h>       // defines: SIGKILL, SIGSTOP
 #include <torch/torch.h>  // defines: torch::nn, torch::optim
 
@@ -111,6 +113,7 @@ const std::vector<Failure> kFailures{
     {"NCCL: two ranks on GPU 0", {0, 1}, 0, 2, 1, 0, "share one GPU", "CUDA_VISIBLE_DEVICES=0"}};
 //! [failures]
 
+//! [fail-ranks]
 // `program` as a job of two ranks on this host, failed as `failure` says: how the other ranks end,
 // and the first line of the first of them that says what happened.
 std::pair<course::JobEnding, std::string> run_job(const std::string& program,
@@ -141,7 +144,8 @@ std::pair<course::JobEnding, std::string> run_job(const std::string& program,
   return {ending, ""};
 }
 
-// Each failure in a job of lesson 09 (if beside this program) and of this lesson; a thread a rank.
+// Each failure in a job of lesson 09 (if beside this program) and of this lesson; a process a
+// rank, a thread each.
 void fail_ranks(const std::string& device, const std::string& data_dir, int timeout_s,
                 std::uint64_t seed, course::Verdict& verdict) {
   const std::string here = course::self_executable();
@@ -187,6 +191,7 @@ void fail_ranks(const std::string& device, const std::string& data_dir, int time
       verdict.check(said09 == said17, "the same parameters as lesson 09's");
   }
 }
+//! [fail-ranks]
 
 }  // namespace lesson17
 

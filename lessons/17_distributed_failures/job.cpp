@@ -59,8 +59,8 @@ void allreduce_gradients(course::CommGroup& group, ANN& model, std::chrono::mill
 }
 //! [lesson09-collectives]
 //! [lesson09-loop]
-// Lesson 05's loop as rank `rank` of `world_size` (a group of one: one process). Added: `losses`,
-// and `check`, given the step's samples (all ranks') once the gradients are summed, before Adam.
+// Lesson 05's loop as rank `rank` of `world_size`. Added: `losses`, and `check`, given the step's
+// samples (all ranks') once the gradients are summed, before Adam.
 ANN train_data_parallel(course::CommGroup& group, int rank, int world_size,
                         const course::ImageSet& train, int epochs, std::int64_t batch_per_rank,
                         const torch::Device& device, std::uint64_t seed,

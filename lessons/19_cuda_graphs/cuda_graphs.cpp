@@ -1,8 +1,8 @@
 // Lesson 19 (going further) — CUDA graphs: lesson 05's training step captured once and replayed
 // for every batch, measured against the same step run eagerly.
 //
-// A step of the tutorial's small model is a few hundred ATen operators (forward, backward, Adam
-// over six parameter tensors; the lesson counts them), most of them one small kernel on a GPU.
+// A step of the tutorial's small model is two to four hundred ATen operators (forward, backward,
+// Adam over six parameter tensors; the lesson counts them), most of them one small kernel on a GPU.
 // There the CPU launches them one by one, and the GPU finishes each sooner than the CPU launches
 // the next: the GPU waits. A CUDA graph records the whole step once
 // and replays it with one launch.

@@ -49,6 +49,7 @@ namespace lesson21 {
 constexpr std::uint64_t kSeed = 5;       // lesson 05's: the first weights and the batches' order
 constexpr int kEpochs = 5;               // the tutorial's: for epoch in range(5)
 constexpr std::int64_t kBatchSize = 64;  // the tutorial's DataLoader(batch_size=64)
+constexpr int kWorkers = 2;              // lesson 05's loader threads (num_workers=2)
 constexpr double kLearningRate = 1e-3;   // optim.Adam(model.parameters(), lr=0.001)
 constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // Adam's defaults
 constexpr double kAccuracyBar = 0.85;  // test accuracy after kEpochs on all 60,000 images
@@ -116,6 +117,15 @@ FlatTrainer make_flat_trainer(const torch::Device& device, std::uint64_t seed) {
 }
 //! [make-flat-trainer]
 
+// The step below, in Python (W1, b1 ... the ANN's parameters; B the batch's rows; y the labels):
+//   with torch.no_grad():
+//       h1 = torch.relu(x @ W1.T + b1);  h2 = torch.relu(h1 @ W2.T + b2)
+//       log_probs = F.log_softmax(h2 @ W3.T + b3, 1);  loss = F.nll_loss(log_probs, y)
+//       d = log_probs.exp() - F.one_hot(y, 10)       # cross entropy's gradient, times B
+//       W3.grad = d.T @ h2 / B;  b3.grad = d.sum(0) / B
+//       d_h2 = (d @ W3 / B) * (h2 > 0);  W2.grad = d_h2.T @ h1;  b2.grad = d_h2.sum(0)
+//       d_h1 = (d_h2 @ W2) * (h1 > 0);   W1.grad = d_h1.T @ x;   b1.grad = d_h1.sum(0)
+//   optimizer.step()                                  # Adam, fused, over the one flat tensor
 //! [fused-step]
 void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tensor& labels,
                 torch::Tensor loss_out) {
@@ -123,8 +133,8 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   ANN& model = trainer.model;
   const std::int64_t rows = x.size(0);
   StepBuffers& b = buffers_for(trainer, rows);
-  // Each call below names its arguments as ATen declares them (/*name=*/); the first, unnamed, is
-  // the `out` an _out operator writes into. In Python: torch.addmm(self, mat1, mat2, out=out).
+  // Each call below names its arguments as ATen declares them (/*name=*/), but for the first, the
+  // `out` an _out operator writes into. In Python: torch.addmm(self, mat1, mat2, out=out).
   // >>> lab: the forward pass: each Linear + ReLU as one operator, into b.h1 and b.h2
   at::_addmm_activation_out(b.h1, /*self=*/model->fc1->bias, /*mat1=*/x, /*mat2=*/trainer.fc1_t);
   at::_addmm_activation_out(b.h2, /*self=*/model->fc2->bias, /*mat1=*/b.h1,
@@ -139,7 +149,7 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   // db = d's rows summed, dh = d W; ReLU passes d where its output > 0. The loss's d, times B (the
   // 1/B rides on the products' alpha), is softmax - one_hot(labels), in two operators:
   // >>> lab: b.d_out = softmax - one_hot(labels), in two operators (exp_out, scatter_add_)
-  at::exp_out(b.d_out, b.log_probs);
+  at::exp_out(b.d_out, /*self=*/b.log_probs);
   b.d_out.scatter_add_(/*dim=*/1, /*index=*/labels.view({-1, 1}), /*src=*/b.minus_ones);
   // <<< lab
   const double inv_rows = 1.0 / static_cast<double>(rows);
@@ -149,16 +159,19 @@ void fused_step(FlatTrainer& trainer, const torch::Tensor& x, const torch::Tenso
   torch::Tensor d_w2 = model->fc2->weight.grad(), d_b2 = model->fc2->bias.grad();
   torch::Tensor d_w1 = model->fc1->weight.grad(), d_b1 = model->fc1->bias.grad();
   // out = beta * self + alpha * (mat1 @ mat2); beta 0 ignores self, alpha is the 1/B.
-  at::addmm_out(d_w3, /*self=*/d_w3, b.d_out_t, b.h2, /*beta=*/0, /*alpha=*/inv_rows);
-  at::addmv_out(d_b3, /*self=*/d_b3, b.d_out_t, b.ones, /*beta=*/0, /*alpha=*/inv_rows);
-  at::addmm_out(b.d_h2, /*self=*/b.d_h2, b.d_out, model->out->weight, /*beta=*/0, inv_rows);
+  at::addmm_out(d_w3, /*self=*/d_w3, /*mat1=*/b.d_out_t, /*mat2=*/b.h2, /*beta=*/0,
+                /*alpha=*/inv_rows);  // dL/dW3 = d^T h2 / B
+  at::addmv_out(d_b3, /*self=*/d_b3, /*mat=*/b.d_out_t, /*vec=*/b.ones, /*beta=*/0,
+                /*alpha=*/inv_rows);  // dL/db3 = d's rows summed / B
+  at::addmm_out(b.d_h2, /*self=*/b.d_h2, /*mat1=*/b.d_out, /*mat2=*/model->out->weight,
+                /*beta=*/0, /*alpha=*/inv_rows);  // dL/dh2 = d W3 / B
   at::threshold_backward_out(b.d_h2, /*grad_output=*/b.d_h2, /*self=*/b.h2, /*threshold=*/0);
-  torch::mm_out(d_w2, b.d_h2_t, b.h1);                // dL/dW2 = d_h2^T h1
-  torch::sum_out(d_b2, b.d_h2, /*dim=*/0);            // dL/db2
-  torch::mm_out(b.d_h1, b.d_h2, model->fc2->weight);  // dL/dh1 = d_h2 W2
+  torch::mm_out(d_w2, /*self=*/b.d_h2_t, /*mat2=*/b.h1);                // dL/dW2 = d_h2^T h1
+  torch::sum_out(d_b2, /*self=*/b.d_h2, /*dim=*/0);                     // dL/db2
+  torch::mm_out(b.d_h1, /*self=*/b.d_h2, /*mat2=*/model->fc2->weight);  // dL/dh1 = d_h2 W2
   at::threshold_backward_out(b.d_h1, /*grad_output=*/b.d_h1, /*self=*/b.h1, /*threshold=*/0);
-  torch::mm_out(d_w1, b.d_h1_t, x);         // dL/dW1 = d_h1^T x (x: no gradient)
-  torch::sum_out(d_b1, b.d_h1, /*dim=*/0);  // dL/db1
+  torch::mm_out(d_w1, /*self=*/b.d_h1_t, /*mat2=*/x);  // dL/dW1 = d_h1^T x (x: no gradient)
+  torch::sum_out(d_b1, /*self=*/b.d_h1, /*dim=*/0);    // dL/db1
   if (!has_fused_adam(x.device())) {
     trainer.optimizer->step();  // LibTorch's Adam over the one flat tensor
     return;
@@ -234,8 +247,8 @@ RunResult train_and_evaluate(const course::ImageSet& train, const course::ImageS
   RunResult result;
   if (run == "tutorial" || run == "resident") {  // the model, Adam, then the loader
     Trainer trainer = make_trainer(device, seed);
-    if (run == "tutorial") {  // lesson 05's program: LibTorch's DataLoader, 2 workers
-      auto loader = course::make_train_loader(course::FashionMNIST(train), kBatchSize, 2);
+    if (run == "tutorial") {  // lesson 05's program: LibTorch's DataLoader and its workers
+      auto loader = course::make_train_loader(course::FashionMNIST(train), kBatchSize, kWorkers);
       result.epochs = train_epochs([&]() -> EpochStats {
         course::Stopwatch watch(device);
         const auto [steps, loss] =
@@ -308,7 +321,8 @@ double relative_difference(const torch::Tensor& got, const torch::Tensor& expect
 
 // ---- the lesson ---------------------------------------------------------------------------------
 // ATen operators one step of `run` dispatches, counted on a second step of a fresh trainer (the
-// first makes the fused step's buffers). The profiler counts nested operators and views too.
+// first makes the fused step's buffers). course::count_operators counts nested operators and
+// views too.
 long long operators_per_step(const std::string& run, const course::ImageSet& train,
                              const torch::Device& device, std::uint64_t seed) {
   const torch::Tensor x = train.images.slice(0, 0, kBatchSize).reshape({-1, kPixels}).to(device);

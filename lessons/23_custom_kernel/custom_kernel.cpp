@@ -17,7 +17,7 @@
 //     epoch costs against the floors: the arithmetic, and the grid barriers.
 //
 // Run:    build/bin/lesson23_custom_kernel [--device ...] [--epochs N] [--quick] [--data-dir DIR]
-// Checks: one step's loss and gradients equal autograd's (a batch of 64 and a last one of 22);
+// Checks: one step's loss and gradients equal autograd's (a batch of 64 and a smaller one of 22);
 //         the operator's losses over kCheckSteps steps equal the tutorial step's within
 //         kStepTolerance; on CUDA the kernel's equal the CPU implementation's; a wrong input is
 //         refused with a message naming it; Python's call gives C++'s losses and parameters;
@@ -142,8 +142,9 @@ Trainer make_trainer(const torch::Device& device, std::uint64_t seed) {
   return t;
 }
 
-// The tutorial's steps over `order`'s rows, batches of 64 sliced from it on the device (lesson
-// 18's "resident" form). Returns each step's loss, on the device: no .item() in the loop.
+// The tutorial's steps (autograd, LibTorch's Adam) over `order`'s rows, each batch of 64 gathered
+// by its rows of `order` on the device (as lesson 21's "resident" form keeps the data there, but
+// gathering). Returns each step's loss, on the device: no .item() in the loop.
 torch::Tensor train_with_autograd(Trainer& t, const torch::Tensor& images,
                                   const torch::Tensor& labels, const torch::Tensor& order) {
   t.model->train();
@@ -164,6 +165,7 @@ torch::Tensor train_with_autograd(Trainer& t, const torch::Tensor& images,
 //! [tutorial-step]
 
 // ---- 2. the checks ------------------------------------------------------------------------------
+//! [device-set]
 // The training set on the device: each image a row of 784 floats, as the operator takes them.
 struct DeviceSet {
   torch::Tensor images, labels;
@@ -171,6 +173,7 @@ struct DeviceSet {
 DeviceSet to_device(const course::ImageSet& set, const torch::Device& device) {
   return {set.images.reshape({-1, epoch_kernel::kIn}).to(device), set.labels.to(device)};
 }
+//! [device-set]
 
 //! [checks]
 // One step on `rows` images from the same weights, by both: the operator's loss and gradients
@@ -341,7 +344,7 @@ void run_lesson(const course::ImageSet& train, const course::ImageSet& test, int
     return train_with_autograd(reference, data.images, data.labels, order);
   };
   const auto tutorial_epochs = course::run_epochs(
-      "tutorial", epochs, samples, [&] { return epoch_of(data, device, with_autograd); },
+      "autograd", epochs, samples, [&] { return epoch_of(data, device, with_autograd); },
       "nothing is saved");
   OpTrainer op_trainer = make_op_trainer(device, kSeed);
   const auto with_op = [&](const torch::Tensor& order) {
@@ -353,7 +356,7 @@ void run_lesson(const course::ImageSet& train, const course::ImageSet& test, int
   const double accuracy = course::test_accuracy(op_trainer.model, test, device);
   const double tutorial_accuracy = course::test_accuracy(reference.model, test, device);
   const course::Timing op_timing = course::epoch_timing(op_epochs);
-  course::print_timed_runs({{"tutorial", course::epoch_timing(tutorial_epochs),
+  course::print_timed_runs({{"autograd", course::epoch_timing(tutorial_epochs),
                              static_cast<double>(samples), tutorial_accuracy},
                             {"operator", op_timing, static_cast<double>(samples), accuracy}},
                            "ms/epoch", "samples/s", "test accuracy", device.str());
@@ -396,7 +399,7 @@ void run_lesson(const course::ImageSet& train, const course::ImageSet& test, int
     print_gpu_floors([&] { epoch_of(data, device, with_op); }, device, steps, kSyncsTimed);
     std::printf(
         "  the epoch: %.1f ms; the course's goal, about 10 us a step: %.0f ms; lesson "
-        "18's, which its graphed epoch missed on an H200: %.0f ms\n",
+        "21's, which its graphed epoch missed on an H200: %.0f ms\n",
         op_timing.median_s * 1e3, kGoalEpochMs, kLesson21GoalMs);
   }
   verdict.check(accuracy >= bar, "operator run: test accuracy reaches the bar",

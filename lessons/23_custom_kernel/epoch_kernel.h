@@ -25,6 +25,7 @@ constexpr std::int64_t kW1 = 0, kB1 = kW1 + kHidden1 * kIn, kW2 = kB1 + kHidden1
 constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;
 
 // ---- the launch ---------------------------------------------------------------------------------
+//! [launch-shape]
 constexpr int kThreads = 256;         // threads per block: 8 warps
 constexpr int kGridSyncsPerStep = 3;  // grid-wide barriers per step (the header says which)
 constexpr int kTile = 8;              // phase 1: tiles of 8 batch rows x 8 hidden units
@@ -39,6 +40,7 @@ constexpr int kSharedFloats = 2 * kTile * kRowStride + 2 * kTile;
 constexpr unsigned kSharedBytes = kSharedFloats * sizeof(float);  // 50,752: over 48 KB, opted in
 static_assert(kThreads == kSplitK * (kTile / 2) * (kTile / 2),
               "phase 1: a thread for each 16th of K of each 2 x 2 corner of a tile");
+//! [launch-shape]
 
 // What a step keeps between its phases, in global memory (the caller's scratch tensor): each
 // phase writes its part, and the next reads it after the grid barrier.
@@ -49,6 +51,7 @@ constexpr std::int64_t kScratchH1 = 0, kScratchH2 = kScratchH1 + kMaxRows * kHid
                        kScratchLoss = kScratchDH1 + kMaxRows * kHidden1,
                        kScratchFloats = kScratchLoss + kMaxRows;
 
+//! [epoch-args]
 /// What one launch trains on, and where it writes: device pointers, each tensor contiguous.
 struct EpochArgs {
   float* parameters;           // [kParameters]: trained in place
@@ -60,14 +63,15 @@ struct EpochArgs {
   const std::int64_t* labels;  // [samples_in_set]
   const std::int64_t* order;   // [samples]: the epoch's order, rows of images
   std::int64_t samples_in_set;
-  std::int64_t
-      samples;  // batches of `batch` from order, the last one smaller when it does not divide
+  // Batches of `batch` from order, the last one smaller when it does not divide.
+  std::int64_t samples;
   std::int64_t batch;  // 1..kMaxRows
   float lr;
   float* losses;        // [steps]: each step's mean loss
   float* scratch;       // [kScratchFloats]
   std::int64_t* clock;  // nullptr, or [kGridSyncsPerStep * steps + 1]: the phases' times
 };
+//! [epoch-args]
 
 #ifdef GPU_LESSONS_WITH_CUDA
 /// Launches train_epoch_kernel on `stream`, on the current device, as a cooperative kernel of
