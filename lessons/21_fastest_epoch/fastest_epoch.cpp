@@ -223,8 +223,9 @@ EpochStats graphed_epoch(DeviceShuffler& shuffler, EpochData& epoch, FlatTrainer
   if (!graph) graph.emplace(trainer, epoch, fused_step);
   graph->replay();
   const double total_loss = epoch.losses.sum(torch::kDouble).item<double>();
+  // Ctrl-C: the replay is the whole epoch, so the run stops after it.
   return {total_loss / static_cast<double>(epoch.steps()), watch.seconds(), epoch.images.size(0),
-          false};
+          course::stop_requested()};
 }
 //! [resident-epoch]
 

@@ -37,6 +37,7 @@
 #include "common/compare.h"           // defines: max_rel_diff, tolerance_for
 #include "common/data.h"              // defines: ImageSet, load_fashion_mnist_splits
 #include "common/flat_parameters.h"   // defines: FlatParameters, flatten_parameters (lesson 12's)
+#include "common/interrupt.h"         // defines: stop_requested (Ctrl-C)
 #include "common/report.h"            // defines: EpochStats, run_epochs, print_timed_runs, format
 #include "common/temporary_folder.h"  // defines: TemporaryFolder
 #include "common/timing.h"            // defines: Stopwatch, time_median, matmul_rate
@@ -255,7 +256,8 @@ EpochStats epoch_of(const DeviceSet& data, const torch::Device& device, const Tr
   const torch::Tensor order =
       torch::randperm(data.labels.size(0), torch::dtype(torch::kLong).device(device));
   const double loss = train(order).mean().template item<double>();
-  return {loss, watch.seconds(), data.labels.size(0), false};
+  // Ctrl-C: the operator trains the whole epoch in one call, so the run stops after it.
+  return {loss, watch.seconds(), data.labels.size(0), course::stop_requested()};
 }
 //! [epochs]
 
