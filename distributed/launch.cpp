@@ -132,6 +132,16 @@ JobEnding run_local_job(const LocalJob& job) {
     ranks[job.victim]->signal(job.signal);
     start = std::chrono::steady_clock::now();
   }
+  std::vector<std::string> before;  // the first rank's lines up to `from`
+  if (!failing && !job.from.empty()) {
+    std::string line;
+    while (true) {
+      const bool more = ranks.at(job.ranks.front())->read_line(line);
+      if (more || !line.empty()) before.push_back(line);
+      if (!more || line.find(job.from) != std::string::npos) break;
+    }
+    start = std::chrono::steady_clock::now();
+  }
   JobEnding ending;
   for (const int r : job.ranks) {
     if (failing && r == job.victim) continue;
@@ -143,6 +153,8 @@ JobEnding run_local_job(const LocalJob& job) {
     ending.statuses.push_back(status ? *status : ranks[r]->kill());
     ending.seconds = since(start);
     ending.outputs.push_back(ranks[r]->read_rest());
+    if (r == job.ranks.front())
+      ending.outputs.back().insert(ending.outputs.back().begin(), before.begin(), before.end());
   }
   return ending;  // the victim, if it still runs (stopped), is killed with its ChildProcess
 }

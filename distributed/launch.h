@@ -85,13 +85,17 @@ struct LocalJob {
   int signal = 0;  ///< sent to rank `victim` once it has printed a line holding `after`
   int victim = 1;
   std::string after;
+  /// Without a signal: the clock starts once the first rank started prints a line holding
+  /// `from` (its rendezvous, say), not at its start, which a busy machine can make slow ("": at
+  /// the start). Its lines are in its output all the same.
+  std::string from;
   std::chrono::milliseconds deadline{60000};  ///< how long the other ranks may take to end
 };
 /// How the ranks of a LocalJob ended: every started rank but the victim, in `ranks` order.
 struct JobEnding {
   std::vector<int> statuses;                      ///< as waitpid() reports them
   std::vector<std::vector<std::string>> outputs;  ///< their lines, standard error included
-  double seconds = 0;  ///< from the start (or from the signal) until the last of them ended
+  double seconds = 0;  ///< from the start (the signal, or `from`) until the last of them ended
   bool hung = false;   ///< one still ran at the deadline (it was killed then)
 };
 /// Starts `job.argv` as the ranks `job.ranks` (torchrun's variables from rank_environment()),

@@ -2,26 +2,18 @@
 //
 // You will learn:
 //   - the tutorial's golden rule, line for line: a CPU tensor added to a tensor on the device
-//     throws, the C++ catch prints LibTorch's own message, and .to(device) fixes it;
-//   - every operation runs on ONE device; give it tensors on two devices and LibTorch stops
-//     with "Expected all tensors to be on the same device, but found at least two devices";
+//     throws "Expected all tensors to be on the same device", and .to(device) fixes it;
 //   - the usual cause in a program: the model was moved to the GPU, the batch was not; the fix:
 //     move each batch to the model's device (or create it there);
-//   - the tutorials' common mistakes, each that can happen on this machine (or be shown on the
-//     meta device, below) with LibTorch's own message, the course's HINT and the fix: the model
-//     left on the host, the labels left on the host, predictions compared with labels on the host,
-//     .cuda() where there is no CUDA, a GPU's checkpoint loaded without a device;
-//   - on a machine without a GPU, the meta device (shapes without data) stands in for it where
-//     an operation checks devices (an elementwise op, a comparison), not where it does not (a
-//     matrix product, the loss): the lesson says which, and shows those on a GPU only.
+//   - the tutorials' five common mistakes, each with LibTorch's own message, the course's HINT
+//     and the fix;
+//   - without a GPU, the meta device (shapes, no data) stands in for it where an operation
+//     checks devices, and the lesson says where it cannot.
 //
 // Run:    build/bin/lesson04_mismatch_error [--device auto|cpu|cuda|cuda:N]
-// Checks: the tutorial's sum of a CPU and a device tensor raises the mismatch error and runs
-//         once both are on the device; the CPU batch fed to the model raises it too, the HINT
-//         names the fix, and the moved batch gives an output of the right shape on the model's
-//         device; each common mistake that can happen here raises an error whose HINT names its
-//         fix, and the fix runs (on a GPU, where .cuda() and the load without a device run, that
-//         they run). Exit 0 PASS, 1 FAIL, 2 bad flag.
+// Checks: the tutorial's sum, and a CPU batch fed to the model, raise the mismatch error with a
+//         HINT naming the fix and run once moved; each common mistake that can happen here raises
+//         an error whose HINT names its fix, and the fix runs. Exit 0 PASS, 1 FAIL, 2 bad flag.
 #include <torch/torch.h>  // defines: torch::nn::Module, torch::addmm, torch::save, c10::Error
 
 #include <cstdint>
@@ -344,9 +336,7 @@ int main(int argc, char** argv) try {
 
   std::cout << "\nThe tutorials' common mistakes, on " << gpu << " and cpu:\n";
   std::cout << "\nMistake 1: the model left on cpu, the batch moved to " << gpu << "\n";
-  const Attempt left_on_host = model_left_on_host(gpu);
-  const Attempt moved = model_moved(gpu);
-  report(verdict, "mistake 1", left_on_host, moved, gpu);
+  report(verdict, "mistake 1", model_left_on_host(gpu), model_moved(gpu), gpu);
 
   const torch::Tensor outputs = torch::randn({kBatch, kClasses}).to(gpu);  // the model's output
   const torch::Tensor labels = torch::randint(kClasses, {kBatch});         // on the host
@@ -357,10 +347,8 @@ int main(int argc, char** argv) try {
   const Attempt loss = loss_of(outputs, labels);
   if (gpu.is_meta() && !loss.threw) {
     std::cout << "  no error: the loss came back on " << loss.output.device()
-              << ". The meta device cannot show this\n";
-    std::cout << "  mistake: the loss does not check meta against cpu. On a GPU it is the "
-                 "mismatch\n";
-    std::cout << "  error (this lesson's run on a GPU shows it).\n";
+              << ": the loss does not check meta against cpu.\n";
+    std::cout << "  On a GPU it is the mismatch error (this lesson's run on a GPU shows it).\n";
     verdict.check(!loss_of(outputs, labels_on_device).threw, "the fix runs on " + gpu.str());
   } else {
     report(verdict, "mistake 2", loss, loss_of(outputs, labels_on_device), gpu);

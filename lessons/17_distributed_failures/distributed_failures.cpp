@@ -14,7 +14,7 @@
 //         [--quick]  (the failures, timed)
 //         torchrun --no-python --nproc-per-node 2 build/bin/lesson17_distributed_failures  (a job)
 // Checks: run plainly, that this lesson's other rank ends with its own error and exit code within
-//         --timeout and kSlackSeconds of start-up (never a hang), and that a healthy job ends
+//         --timeout and kSlackSeconds of slack (never a hang), and that a healthy job ends
 //         with lesson 09's parameters; as a rank, that the job trained to its end and the model
 //         learned (lesson 09's bar after its whole run). Exit 0 PASS, 1 FAIL (or a rank lost), 2
 //         bad input.
@@ -50,7 +50,7 @@ constexpr double kChance = 0.1;         // ten classes: a model that learned not
 constexpr double kAccuracyBar = 0.85;   // lesson 09's bar, after kEpochs on all 60,000 images
 constexpr int kFailTimeoutSeconds = 5;  // run plainly: the jobs' --timeout
 constexpr int kFailEpochs = 50;         // a rank to be killed or stopped is still training then
-constexpr int kSlackSeconds = 15;       // start-up (LibTorch, the data) on a busy machine
+constexpr int kSlackSeconds = 15;       // a busy machine: a rank ending late, its lines read late
 // Run plainly with --quick (the smoke test), the jobs' --timeout: short, as several cases wait a
 // whole --timeout; yet enough, as a job's ranks wait for each other only as their start-ups differ.
 constexpr int kQuickFailTimeoutSeconds = 3;
@@ -90,7 +90,8 @@ void rank_job(const course::RankInfo& info, const torch::Device& device,
 // ---- run plainly: jobs of two ranks, one of them failed -----------------------------------------
 //! [failures]
 // One way to fail a job of two ranks, and how this lesson's other rank must end: counted from the
-// signal (or start), after 0.5 x waits x --timeout; a failure by max(1, waits) x --timeout + slack.
+// signal (or its rendezvous), after 0.5 x waits x --timeout; a failure by max(1, waits) x --timeout
+// + slack.
 struct Failure {
   const char* what;        // the case, as printed
   std::vector<int> ranks;  // the ranks started: a rank left out never arrives
@@ -131,6 +132,7 @@ std::pair<course::JobEnding, std::string> run_job(const std::string& program,
   if (failure.env[0] != '\0') job.environment.emplace_back(failure.env);  // not ""
   job.signal = failure.signal;
   job.after = "epoch 1/";
+  job.from = "(local rank ";  // in the line a rank of 09 or 17 prints as it goes to the rendezvous
   job.deadline = std::chrono::seconds(2 * timeout_s + 4 * kSlackSeconds);  // then: hung
   course::RankInfo r0;  // a rank 0's store on the port first: it is no longer free
   r0.master_port = job.port;

@@ -296,6 +296,7 @@ c10::intrusive_ptr<course::CommGroup> join_job(const course::RankInfo& info,
   std::printf("rank %d of %d (local rank %d): rendezvous at %s:%d, timeout %lld s\n", info.rank,
               info.world_size, info.local_rank, info.master_addr.c_str(), info.master_port,
               static_cast<long long>(timeout.count() / 1000));
+  std::fflush(stdout);  // said now, not when the buffer fills: a job's clock starts at this line
   auto store = connect_store(info, timeout);
   meet_the_others(*store, info, device, timeout);  // everyone is here, one backend for all
   return make_group(store, info.rank, info.world_size, device, timeout);  // it keeps the store
