@@ -46,7 +46,8 @@ class DeviceShuffler {
       : images_(train.images.reshape({-1, kPixels}).to(device)), labels_(train.labels.to(device)) {
     new_order();
   }
-  // Three operators per epoch, on the device: a new order, both gathers into `epoch` (its size).
+  // Four operators per epoch, on the device: a new order, a view of its first `epoch` entries,
+  // both gathers into `epoch`.
   void shuffle(EpochData& epoch) {
     new_order();
     const torch::Tensor order = order_.narrow(0, 0, epoch.images.size(0));
