@@ -131,12 +131,13 @@ course::MemoryStats read_memory(const torch::Device& device) {
   return course::memory_stats(device);  // the CPU has no caching allocator: the course counts
 }
 
-/// Starts a new peak and allocation count (torch.cuda.reset_peak_memory_stats()).
+/// Starts a new peak and allocation count (Python: torch.cuda.reset_peak_memory_stats() and
+/// torch.cuda.reset_accumulated_memory_stats()).
 void reset_peak(const torch::Device& device) {
 #ifdef GPU_LESSONS_WITH_CUDA
   if (device.is_cuda()) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());  // reset_peak_memory_stats()
-    c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());
+    c10::cuda::CUDACachingAllocator::resetAccumulatedStats(device.index());  // the counts
     return;
   }
 #endif
