@@ -78,7 +78,7 @@ TEST_F(Lesson24Hosts, KilledRunsHostsRemovedByTheNext) {
   const std::string stale = "gl24-99999999-0";  // past any process number Linux gives
   ASSERT_EQ(WEXITSTATUS(run({"ip", "netns", "add", stale}).second), 0);
   const lesson24::TwoHosts live;
-  EXPECT_GE(lesson24::remove_stale_hosts(), 1);
+  lesson24::remove_stale_hosts();  // (another test's run may have swept it first)
   EXPECT_FALSE(netns_exists(stale));
   EXPECT_TRUE(netns_exists(live.netns(0)));
 }
@@ -121,7 +121,6 @@ TEST_F(Lesson24Job, CutCableEndsBothRanksAndTheJobResumes) {
   lesson24::TwoHosts hosts;
   const course::TemporaryFolder folder("lesson24-test-");
   flags.steps = lesson24::kSteps;
-  flags.timeout_s = 5;
   const std::string uncut =
       lesson24::part1(hosts, options, flags, train(), folder.path().string(), verdict);
   lesson24::part3(hosts, options, flags, uncut, folder.path().string(), verdict);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -121,7 +122,7 @@ void TwoHosts::remove() {
     if (netns_[h].empty()) continue;
     std::error_code ignored;
     fs::remove_all("/etc/netns/" + netns_[h], ignored);
-    if (fs::exists("/run/netns/" + netns_[h])) {
+    if (fs::exists("/run/netns/" + netns_[h], ignored)) {
       try {
         run({"ip", "netns", "del", netns_[h]}, false);  // the cable goes with its namespace
       } catch (const std::exception& e) {
@@ -182,18 +183,24 @@ void TwoHosts::mend() {
 
 int remove_stale_hosts() {
   int removed = 0;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator("/run/netns", error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(kPrefix, 0) != 0) continue;
-    const long pid = std::strtol(name.c_str() + 5, nullptr, 10);
-    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    course::ChildProcess del({find_program("ip"), "netns", "del", name}, {}, true);
-    del.read_rest();
-    del.wait_for(std::chrono::seconds(30));
-    std::error_code ignored;
-    fs::remove_all("/etc/netns/" + name, ignored);
-    ++removed;
+  // A namespace in /run/netns (gone after a reboot), or its hosts file in /etc/netns (kept).
+  for (const char* folder : {"/run/netns", "/etc/netns"}) {
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(folder, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(kPrefix, 0) != 0) continue;
+      const long pid = std::strtol(name.c_str() + std::strlen(kPrefix), nullptr, 10);
+      // The process that made it is gone.
+      const bool gone = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+      if (pid <= 0 || !gone) continue;
+      if (fs::exists("/run/netns/" + name, error)) {
+        course::ChildProcess del({find_program("ip"), "netns", "del", name}, {}, true);
+        del.read_rest();
+        del.wait_for(std::chrono::seconds(30));
+      }
+      fs::remove_all("/etc/netns/" + name, error);
+      ++removed;
+    }
   }
   return removed;
 }

@@ -18,7 +18,7 @@ std::string why_no_hosts();
 
 /// Two hosts on one machine, made by the constructor and removed by the destructor (the namespaces,
 /// the cable with them, and their files in /etc/netns), even when the program fails on the way.
-/// Everything it runs is printed as the commands a learner would type as root.
+/// What makes, limits and cuts the hosts is printed as the commands a learner would type as root.
 class TwoHosts {
  public:
   /// Makes host0 (10.24.0.1) and host1 (10.24.0.2), the cable between them up and unlimited.
@@ -37,7 +37,7 @@ class TwoHosts {
 
   /// `argv` as a command that runs it on `host`: in its namespace, with its host name.
   std::vector<std::string> on(int host, const std::vector<std::string>& argv) const;
-  /// Limits the cable to `gbit` Gbit/s each way (0: no limit, the cable as fast as memory).
+  /// Limits the cable to `gbit` Gbit/s each way (0: no limit but the machine's own).
   void limit(double gbit);
   /// The token bucket's size at `gbit`: what the cable lets through at once, at full speed.
   static long long burst_bytes(double gbit);

@@ -28,7 +28,8 @@ using Clock = std::chrono::steady_clock;
 // PyTorch 2's torchrun. LibTorch 1.13's own (Debian's python3-torch) cannot start a worker under
 // Python 3.11 (its redirect setting parses to None), so there each host starts its rank with the
 // variables torchrun would give it, and the words are printed all the same.
-constexpr bool kTorchrun = TORCH_VERSION_MAJOR >= 2;
+// (Without a Python of this LibTorch's, the same.)
+constexpr bool kTorchrun = TORCH_VERSION_MAJOR >= 2 && LESSON24_PYTHON[0] != '\0';
 
 std::vector<std::string> torchrun_flags(int host) {
   return {"--nnodes",         "2",

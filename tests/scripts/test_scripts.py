@@ -613,6 +613,9 @@ class LabsGraded(unittest.TestCase):
         self.assertTrue(labs, out)
         self.assertEqual(code, 0, out)
         for nn in labs:
+            if nn == "24" and os.geteuid() != 0:  # lesson 24's checks need root, and skip
+                self.assertRegex(out, rf"(?m)^lab {nn}: the starter builds; .* not graded here")
+                continue
             self.assertRegex(out, rf"(?m)^lab {nn}: the starter builds and fails, as it should: ")
         self.grade("05", os.path.join(ROOT, "lessons", "05_training_loop"), 0, "lesson")
         # Lesson 05: the batches' features and labels left on the host, in training and evaluation.
