@@ -429,6 +429,10 @@ class GpuPass(Scratch):
             with open(os.path.join(gpu, name)) as f:
                 return f.read()
         for lesson in lessons:
+            if lesson == "lesson24_two_hosts":  # left out of a GPU pass (its ranks use the CPU)
+                self.assertRegex(summary, rf"(?m)^WAIVED +{lesson} ")
+                self.assertFalse(os.path.exists(os.path.join(gpu, lesson + ".txt")), lesson)
+                continue
             self.assertRegex(text(lesson + ".txt"), r"(?m)^RESULT: ", lesson)
         for extra in ("lesson09_data_parallel.2ranks", "lesson18_silent_failures.2ranks",
                       "lesson10_checkpointing.resume", "lesson10_checkpointing.roundtrip",
