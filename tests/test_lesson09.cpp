@@ -128,15 +128,7 @@ TEST(Lesson09Rendezvous, NoStoreIsAnErrorWithinTheTimeout) {
 }
 
 // ---- training -----------------------------------------------------------------------------------
-class Lesson09Training : public FashionMnistTest {
- protected:
-  void SetUp() override {
-    FashionMnistTest::SetUp();
-#ifndef GPU_LESSONS_WITH_GLOO
-    GTEST_SKIP() << "this build has no Gloo";
-#endif
-  }
-};
+class Lesson09Training : public FashionMnistGlooTest {};
 
 // Tests that ranks (threads, Gloo over a HashStore) end with the same parameters, bit for bit,
 // also when a rank has no samples in the last step (more ranks than samples left): it still takes

@@ -48,15 +48,7 @@ TEST(Lesson18Nccl, Rank0HoldsItsOwnValueOnTheGpu) {
 }
 
 // ---- the silent failures ------------------------------------------------------------------------
-class Lesson18Training : public FashionMnistTest {
- protected:
-  void SetUp() override {
-    FashionMnistTest::SetUp();
-#ifndef GPU_LESSONS_WITH_GLOO
-    GTEST_SKIP() << "this build has no Gloo";
-#endif
-  }
-};
+class Lesson18Training : public FashionMnistGlooTest {};
 
 // Tests what data parallelism promises, on real ranks (threads, Gloo over a HashStore): every
 // rank holds identical parameters after every step, and the summed gradient of the first steps is

@@ -7,8 +7,8 @@
 
 // The lesson is one file with its own main(); the tests include it for its functions.
 #define GPU_LESSONS_NO_MAIN
-#include "fashion_mnist_test.h"
 #include "program_run.h"  // defines: built_program
+#include "ranks_test.h"   // defines: FashionMnistGlooTest
 #include "two_hosts.cpp"
 
 namespace {
@@ -84,13 +84,10 @@ TEST_F(Lesson24Hosts, KilledRunsHostsRemovedByTheNext) {
 }
 
 // ---- the job on two hosts (the lesson's program as its ranks) -----------------------------------
-class Lesson24Job : public FashionMnistTest {
+class Lesson24Job : public FashionMnistGlooTest {
  protected:
   void SetUp() override {
-    FashionMnistTest::SetUp();
-#ifndef GPU_LESSONS_WITH_GLOO
-    GTEST_SKIP() << "this build has no Gloo";
-#endif
+    FashionMnistGlooTest::SetUp();
     const std::string why = lesson24::why_no_hosts();
     if (!why.empty()) GTEST_SKIP() << why;
     options.seed = lesson24::kSeed;

@@ -44,30 +44,10 @@ std::string joined(const std::vector<std::string>& argv) {
 }
 
 constexpr const char* kPrefix = "gl24-";  // this lesson's namespaces: gl24-<pid>-<host>
-}  // namespace
 
-std::string why_no_hosts() {
-  if (::geteuid() != 0)
-    return "making network namespaces needs root (run it with sudo, or as root in a VM)";
-  for (const char* program : {"ip", "tc", "unshare"}) {
-    if (find_program(program).empty())
-      return std::string("no `") + program + "` (Debian: apt-get install iproute2 util-linux)";
-  }
-  // Root may still be refused one (a container without CAP_SYS_ADMIN): ask in a child, whose
-  // namespace goes with it.
-  course::ChildProcess probe({find_program("unshare"), "--net", "true"}, {}, true);
-  const auto lines = probe.read_rest();
-  const auto status = probe.wait_for(std::chrono::seconds(10));
-  if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0)
-    return "this machine refuses a network namespace even to root (" +
-           (lines.empty() ? std::string("unshare --net failed") : lines.front()) + ")";
-  return "";
-}
-
-std::string TwoHosts::name(int host) { return "host" + std::to_string(host); }
-std::string TwoHosts::address(int host) { return "10.24.0." + std::to_string(host + 1); }
-
-void TwoHosts::run(const std::vector<std::string>& argv, bool print) {
+// Runs `argv` (its program found by find_program), printed first when `print`; throws
+// course::CourseError naming the command and its first line of output when it fails.
+void run(const std::vector<std::string>& argv, bool print = true) {
   std::vector<std::string> command = argv;
   command[0] = find_program(argv[0]);
   if (print) std::printf("  # %s\n", joined(argv).c_str());
@@ -81,6 +61,27 @@ void TwoHosts::run(const std::vector<std::string>& argv, bool print) {
           ")" + (said.empty() ? "" : ": " + said.front()),
       "run it by hand as root to see why; `ip netns list` shows what is left");
 }
+}  // namespace
+
+std::string why_no_hosts() {
+  if (::geteuid() != 0)
+    return "making network namespaces needs root (run it with sudo, or as root in a VM)";
+  for (const char* program : {"ip", "tc", "unshare"}) {
+    if (find_program(program).empty())
+      return std::string("no `") + program + "` (Debian: apt-get install iproute2 util-linux)";
+  }
+  // Root may still be refused one (a container without CAP_SYS_ADMIN): ask in a child, whose
+  // namespace goes with it.
+  try {
+    run({"unshare", "--net", "true"}, /*print=*/false);
+  } catch (const std::exception& e) {
+    return "this machine refuses a network namespace even to root (" + std::string(e.what()) + ")";
+  }
+  return "";
+}
+
+std::string TwoHosts::name(int host) { return "host" + std::to_string(host); }
+std::string TwoHosts::address(int host) { return "10.24.0." + std::to_string(host + 1); }
 
 //! [make]
 TwoHosts::TwoHosts() {
@@ -193,10 +194,9 @@ int remove_stale_hosts() {
       // The process that made it is gone.
       const bool gone = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
       if (pid <= 0 || !gone) continue;
-      if (fs::exists("/run/netns/" + name, error)) {
-        course::ChildProcess del({find_program("ip"), "netns", "del", name}, {}, true);
-        del.read_rest();
-        del.wait_for(std::chrono::seconds(30));
+      try {
+        if (fs::exists("/run/netns/" + name, error)) run({"ip", "netns", "del", name}, false);
+      } catch (const std::exception&) {  // (left for the next run, or for `ip netns del` by hand)
       }
       fs::remove_all("/etc/netns/" + name, error);
       ++removed;

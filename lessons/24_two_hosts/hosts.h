@@ -49,7 +49,6 @@ class TwoHosts {
   void mend();
 
  private:
-  void run(const std::vector<std::string>& argv, bool print = true);
   void remove();
   std::string netns_[2];
   std::string cable_[2];  // each end's device, named for this process
