@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,7 +19,8 @@ extern char** environ;
 namespace course {
 
 ChildProcess::ChildProcess(const std::vector<std::string>& argv,
-                           const std::vector<std::string>& environment, bool with_stderr) {
+                           const std::vector<std::string>& environment, bool with_stderr,
+                           bool with_stdin) {
   if (argv.empty()) throw std::runtime_error("ChildProcess: no program to start");
   // This process's environment, less the variables `environment` sets, then those.
   std::vector<std::string> env_strings;
@@ -37,11 +39,21 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv,
   int pipe_ends[2];
   if (::pipe(pipe_ends) != 0)
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  // The input: a socket pair rather than a pipe, so that a write to a child that ended fails
+  // (send's MSG_NOSIGNAL) instead of raising SIGPIPE, which ends this process.
+  int input_ends[2] = {-1, -1};
+  if (with_stdin && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, input_ends) != 0) {
+    const int error = errno;
+    ::close(pipe_ends[0]);
+    ::close(pipe_ends[1]);
+    throw std::runtime_error(std::string("socketpair: ") + std::strerror(error));
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDOUT_FILENO);
   if (with_stderr) posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDERR_FILENO);
   posix_spawn_file_actions_addclose(&actions, pipe_ends[0]);
+  if (with_stdin) posix_spawn_file_actions_adddup2(&actions, input_ends[1], STDIN_FILENO);
   std::vector<std::string> args = argv;
   std::vector<char*> pointers;
   for (auto& a : args) pointers.push_back(a.data());
@@ -50,16 +62,40 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv,
       posix_spawn(&pid_, args[0].c_str(), &actions, nullptr, pointers.data(), env_pointers.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipe_ends[1]);
+  if (with_stdin) ::close(input_ends[1]);
   if (spawned != 0) {
     ::close(pipe_ends[0]);
+    if (with_stdin) ::close(input_ends[0]);
     throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(spawned));
   }
   out_ = pipe_ends[0];
+  in_ = input_ends[0];
+  with_stdin_ = with_stdin;
+  program_ = argv[0];
 }
 
 ChildProcess::~ChildProcess() {
+  close_input();
   if (!reaped_) kill();
   if (out_ >= 0) ::close(out_);
+}
+
+void ChildProcess::write_line(const std::string& line) {
+  if (in_ < 0)
+    throw std::runtime_error(program_ + "'s input " +
+                             (with_stdin_ ? "is closed" : "was not connected (with_stdin)"));
+  const std::string text = line + "\n";
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::send(in_, text.data() + done, text.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(program_ + "'s input: " + std::strerror(errno));
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+void ChildProcess::close_input() {
+  if (in_ >= 0) ::close(in_);
+  in_ = -1;
 }
 
 bool ChildProcess::read_line(std::string& line) {

@@ -69,3 +69,38 @@ TEST(ChildProcess, EnvironmentSignalsAndWait) {
   EXPECT_EQ(course::describe_status(*status), "exit 3");
   EXPECT_TRUE(sleeper.read_rest().empty());
 }
+
+// Tests a child's input: lines written to it are read by the child, closing it ends a child that
+// reads to the end, and a write to a child that has ended is an error rather than SIGPIPE (which
+// would end the test's process).
+TEST(ChildProcess, WritesLinesToItsInput) {
+  course::ChildProcess echo({"/bin/sh", "-c", "while read -r word; do echo \"got $word\"; done"},
+                            {}, /*with_stderr=*/false, /*with_stdin=*/true);
+  std::string line;
+  echo.write_line("one");
+  ASSERT_TRUE(echo.read_line(line));
+  EXPECT_EQ(line, "got one");
+  echo.write_line("two");
+  ASSERT_TRUE(echo.read_line(line));
+  EXPECT_EQ(line, "got two");
+  echo.close_input();
+  const std::optional<int> status = echo.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(course::describe_status(*status), "exit 0");
+  // Each error names the program, and what became of its input.
+  const auto error_of = [](course::ChildProcess& child) -> std::string {
+    try {
+      for (int i = 0; i < 100; ++i) child.write_line("nobody reads this");
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(error_of(echo), "/bin/sh's input is closed");
+
+  course::ChildProcess gone({"/bin/sh", "-c", "exit 0"}, {}, false, /*with_stdin=*/true);
+  ASSERT_TRUE(gone.wait_for(std::chrono::seconds(30)).has_value());
+  EXPECT_EQ(error_of(gone), "/bin/sh's input: Broken pipe");  // EPIPE, not SIGPIPE
+  course::ChildProcess plain({"/bin/sh", "-c", "exit 0"});
+  EXPECT_EQ(error_of(plain), "/bin/sh's input was not connected (with_stdin)");
+}
