@@ -5,8 +5,10 @@
 //     on the GPUs). algbw = bytes / time; busbw = algbw * 2(n-1)/n, the link traffic a ring
 //     all-reduce needs, comparable across world sizes (nccl-tests' convention);
 //   - lesson 09's training step (batch 64 per rank, the gradients' bucket all-reduced) for world
-//   size 1
-//     against 2. On the CPU each rank gets one core, so the two worlds use 1 and 2 cores.
+//     size 1 against 2. On the CPU each rank gets one core, so the two worlds use 1 and 2 cores;
+//   - the all-reduce between two hosts (lesson 24's, made on this machine; needs root): a rank
+//     process on each (allreduce_rank), over the cable between them unlimited and limited to
+//     10 Gbit/s, 1 Gbit/s and 100 Mbit/s each way, against message size.
 //
 // Run: build/bin/bench_distributed --benchmark_out=distributed.json --benchmark_out_format=json
 #include <ATen/Parallel.h>
@@ -14,12 +16,22 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <set>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <utility>
 
 #include "bench.h"
-#include "common/cli.h"  // defines: available_cores
+#include "common/child_process.h"  // defines: ChildProcess, self_executable
+#include "common/cli.h"            // defines: available_cores
 #include "common/device.h"
+#include "common/report.h"   // defines: format
+#include "common/verdict.h"  // defines: CourseError
+#include "hosts.h"           // defines: lesson 24's TwoHosts (lessons/24_two_hosts/)
+#include "nodes.h"           // defines: its kRendezvousPort
 
 // The lesson is one file with its own main(); the benchmark includes it for its functions.
 #define GPU_LESSONS_NO_MAIN
@@ -85,6 +97,7 @@ void allreduce(benchmark::State& state, bool cuda) {
   bench::run_timed(
       state, device, [&] { lesson09::allreduce_sum(*group, buffer, kTimeout); },
       calls_per_sync(device));
+  if (!cuda) state.SetLabel("loopback");  // the ranks' TCP never leaves this host's memory
   // Bytes per second, averaged over the ranks (each rank reduces the same buffer).
   const int n = state.threads();
   const auto per_rank = benchmark::Counter::Flags(benchmark::Counter::kIsIterationInvariantRate |
@@ -131,9 +144,158 @@ void step(benchmark::State& state, bool cuda) {
 void BM_StepGloo(benchmark::State& state) { guarded(state, step, false); }
 void BM_StepNccl(benchmark::State& state) { guarded(state, step, true); }
 
+// ---- all-reduce between two hosts ------------------------------------------------------------
+// A rank on each of lesson 24's two hosts, each a process of its own (allreduce_rank, beside this
+// program) whose TCP crosses the cable between the hosts. Made at the first case that needs them,
+// kept for every case after (the cable's rate is changed under the same ranks), removed at exit.
+// TwoHosts prints the commands that make and limit the hosts, so they are in the program's output.
+class RanksOnTwoHosts {
+ public:
+  explicit RanksOnTwoHosts(const std::string& program) {
+    for (int h = 0; h < 2; ++h) {
+      const std::vector<std::string> environment{
+          "RANK=" + std::to_string(h),
+          "WORLD_SIZE=2",
+          "LOCAL_RANK=0",
+          "LOCAL_WORLD_SIZE=1",
+          "MASTER_ADDR=" + lesson24::TwoHosts::name(0),
+          "MASTER_PORT=" + std::to_string(lesson24::kRendezvousPort)};
+      ranks_[h] = std::make_unique<course::ChildProcess>(hosts_.on(h, {program}), environment,
+                                                         /*with_stderr=*/true,
+                                                         /*with_stdin=*/true);
+    }
+    for (int h = 0; h < 2; ++h) answer(h, "ready");
+  }
+  ~RanksOnTwoHosts() {
+    for (auto& rank : ranks_) rank->close_input();  // each rank ends at the end of its input
+    for (auto& rank : ranks_) rank->wait_for(std::chrono::seconds(10));
+  }
+  RanksOnTwoHosts(const RanksOnTwoHosts&) = delete;
+  RanksOnTwoHosts& operator=(const RanksOnTwoHosts&) = delete;
+
+  /// The cable limited to `mbit` Mbit/s each way (0: unlimited).
+  void limit(std::int64_t mbit) {
+    if (mbit != mbit_) hosts_.limit(static_cast<double>(mbit) / 1000);
+    mbit_ = mbit;
+  }
+  /// Seconds one all-reduce of `bytes` took: the slower rank's time, as the collective ends for
+  /// the job when it has ended on every rank. Throws, naming the host, when a rank fails.
+  double allreduce(std::int64_t bytes) {
+    for (int h = 0; h < 2; ++h) {
+      try {
+        ranks_[h]->write_line(std::to_string(bytes));
+      } catch (const std::runtime_error&) {
+        ended(h);  // it no longer reads its input
+      }
+    }
+    double seconds = 0;
+    for (int h = 0; h < 2; ++h) {
+      const std::string said = answer(h, "seconds ");
+      char* end = nullptr;
+      const double taken = std::strtod(said.c_str(), &end);
+      if (end == said.c_str() || *end != '\0')
+        throw std::runtime_error(course::format("the rank on %s answered \"seconds %s\"",
+                                                lesson24::TwoHosts::name(h).c_str(), said.c_str()));
+      seconds = std::max(seconds, taken);
+    }
+    return seconds;
+  }
+  /// Whether this is the first all-reduce of `bytes` at `mbit`: the ones after need no warm-up.
+  bool first(std::int64_t mbit, std::int64_t bytes) { return warmed_.insert({mbit, bytes}).second; }
+
+ private:
+  // What rank `h` said after `word` on its next line that starts with it; its other lines
+  // (warnings) are kept for the error it throws when its output ends first.
+  std::string answer(int h, const std::string& word) {
+    std::string line, said;
+    while (ranks_[h]->read_line(line)) {
+      if (line.rfind(word, 0) == 0) return line.substr(word.size());
+      said += "\n  " + line;
+    }
+    ended(h, said);
+  }
+  // Throws the error of rank `h`, which ended: how, and what it said (`said`, then the rest).
+  [[noreturn]] void ended(int h, std::string said = "") {
+    for (const std::string& line : ranks_[h]->read_rest()) said += "\n  " + line;
+    throw std::runtime_error(
+        course::format("the rank on %s ended (%s):%s", lesson24::TwoHosts::name(h).c_str(),
+                       course::describe_status(ranks_[h]->kill()).c_str(), said.c_str()));
+  }
+
+  lesson24::TwoHosts hosts_;
+  std::unique_ptr<course::ChildProcess> ranks_[2];
+  std::int64_t mbit_ = 0;
+  std::set<std::pair<std::int64_t, std::int64_t>> warmed_;
+};
+
+// The ranks every case of BM_AllreduceTwoHosts uses, made by the first: nullptr with the reason
+// when they cannot be had, or after a case failed with them (a rank's answer may then be
+// pending, and the next case would read it as its own).
+struct TwoHostRanks {
+  std::unique_ptr<RanksOnTwoHosts> ranks;
+  std::string why;  // "" while they can be used
+};
+TwoHostRanks& two_host_ranks() {
+  static TwoHostRanks made = [] {
+    TwoHostRanks r;
+    r.why = lesson24::why_no_hosts();
+    const std::string program =
+        (std::filesystem::path(course::self_executable()).parent_path() / "allreduce_rank")
+            .string();
+    if (r.why.empty() && !std::filesystem::exists(program))
+      r.why = "no " + program + " (HINT: build the allreduce_rank target: scripts/build.sh does)";
+    if (!r.why.empty()) return r;
+    try {
+      lesson24::remove_stale_hosts();  // of a run that was killed
+      r.ranks = std::make_unique<RanksOnTwoHosts>(program);
+    } catch (const course::CourseError& e) {
+      r.why = std::string(e.what()) + " (HINT: " + e.hint() + ")";
+    } catch (const std::exception& e) {
+      r.why = e.what();
+    }
+    return r;
+  }();
+  return made;
+}
+
+void BM_AllreduceTwoHosts(benchmark::State& state) {
+  TwoHostRanks& two = two_host_ranks();
+  if (!two.ranks) {
+    state.SkipWithError(("needs two hosts: " + two.why).c_str());
+    return;
+  }
+  const std::int64_t mbit = state.range(0), bytes = state.range(1);
+  try {
+    two.ranks->limit(mbit);
+    // Warm-up, once a case: the ranks' buffer made, the connection's window grown.
+    if (two.ranks->first(mbit, bytes)) two.ranks->allreduce(bytes);
+    for (auto _ : state) state.SetIterationTime(two.ranks->allreduce(bytes));
+  } catch (const std::exception& e) {
+    two.ranks.reset();  // the ranks ended, the hosts removed: the cases after skip
+    two.why = std::string("an earlier case failed: ") + e.what();
+    state.SkipWithError(e.what());
+    return;
+  }
+  state.SetLabel(lesson24::TwoHosts::rate_name(static_cast<double>(mbit) / 1000));
+  // Two ranks: busbw = algbw (each rank sends and receives the message's size, once each way).
+  const auto rate = benchmark::Counter::kIsIterationInvariantRate;
+  state.counters["algbw"] =
+      benchmark::Counter(static_cast<double>(bytes), rate, benchmark::Counter::kIs1024);
+  state.counters["busbw"] =
+      benchmark::Counter(static_cast<double>(bytes), rate, benchmark::Counter::kIs1024);
+  state.counters["bits_per_second"] = benchmark::Counter(static_cast<double>(bytes) * 8, rate);
+}
+
 void message_sizes(benchmark::internal::Benchmark* b) {
   b->ArgName("bytes");
   for (std::int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) b->Arg(bytes);
+}
+
+void rates_and_sizes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"mbit", "bytes"});
+  for (std::int64_t mbit : {0, 10000, 1000, 100}) {
+    for (std::int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) b->Args({mbit, bytes});
+  }
 }
 
 }  // namespace
@@ -142,3 +304,4 @@ BENCHMARK(BM_AllreduceGloo)->Apply(message_sizes)->Threads(2)->UseManualTime();
 BENCHMARK(BM_AllreduceNccl)->Apply(message_sizes)->Threads(1)->Threads(2)->UseManualTime();
 BENCHMARK(BM_StepGloo)->ArgName("batch")->Arg(64)->Threads(1)->Threads(2)->UseManualTime();
 BENCHMARK(BM_StepNccl)->ArgName("batch")->Arg(64)->Threads(1)->Threads(2)->UseManualTime();
+BENCHMARK(BM_AllreduceTwoHosts)->Apply(rates_and_sizes)->UseManualTime();
