@@ -153,14 +153,8 @@ class RanksOnTwoHosts {
  public:
   explicit RanksOnTwoHosts(const std::string& program) {
     for (int h = 0; h < 2; ++h) {
-      const std::vector<std::string> environment{
-          "RANK=" + std::to_string(h),
-          "WORLD_SIZE=2",
-          "LOCAL_RANK=0",
-          "LOCAL_WORLD_SIZE=1",
-          "MASTER_ADDR=" + lesson24::TwoHosts::name(0),
-          "MASTER_PORT=" + std::to_string(lesson24::kRendezvousPort)};
-      ranks_[h] = std::make_unique<course::ChildProcess>(hosts_.on(h, {program}), environment,
+      ranks_[h] = std::make_unique<course::ChildProcess>(hosts_.on(h, {program}),
+                                                         lesson24::rank_variables(h),
                                                          /*with_stderr=*/true,
                                                          /*with_stdin=*/true);
     }

@@ -136,6 +136,16 @@ std::string launcher_words(int host) {
   return words + " --no-python PROGRAM ...";
 }
 
+std::vector<std::string> rank_variables(int host) {
+  return {"RANK=" + std::to_string(host),
+          "WORLD_SIZE=2",
+          "LOCAL_RANK=0",
+          "LOCAL_WORLD_SIZE=1",
+          "GROUP_RANK=" + std::to_string(host),
+          "MASTER_ADDR=" + TwoHosts::name(0),
+          "MASTER_PORT=" + std::to_string(kRendezvousPort)};
+}
+
 std::vector<NodeEnding> run_on_two_hosts(TwoHosts& hosts, const TwoHostJob& job) {
   const auto start = Clock::now(), until = start + job.deadline;
   std::vector<std::unique_ptr<Node>> nodes;
@@ -147,13 +157,7 @@ std::vector<NodeEnding> run_on_two_hosts(TwoHosts& hosts, const TwoHostJob& job)
       argv.insert(argv.end(), flags.begin(), flags.end());
       argv.push_back("--no-python");
     } else {
-      environment = {"RANK=" + std::to_string(host),
-                     "WORLD_SIZE=2",
-                     "LOCAL_RANK=0",
-                     "LOCAL_WORLD_SIZE=1",
-                     "GROUP_RANK=" + std::to_string(host),
-                     "MASTER_ADDR=" + TwoHosts::name(0),
-                     "MASTER_PORT=" + std::to_string(kRendezvousPort)};
+      environment = rank_variables(host);
     }
     argv.insert(argv.end(), job.rank_argv.begin(), job.rank_argv.end());
     nodes.push_back(std::make_unique<Node>(hosts.on(host, argv), environment));

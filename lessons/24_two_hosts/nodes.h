@@ -44,6 +44,9 @@ StepFigures figures_of(const NodeEnding& host);
 /// Whether a host's launcher ended by itself with exit `code`.
 bool exited(const NodeEnding& host, int code);
 
+/// What torchrun sets for the job's rank on `host` ("NAME=value" each): rank `host` of two, one a
+/// host, its store at host0. For a rank started without torchrun.
+std::vector<std::string> rank_variables(int host);
 /// The launcher's command on `host` (node rank `host`), in a learner's words.
 std::string launcher_words(int host);
 /// Runs `job` with its rank on each of `hosts`; cuts the cable as `job.cut_after` says. Returns
